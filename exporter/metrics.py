@@ -1,0 +1,134 @@
+"""The trainer's Prometheus metrics, in their own registry, and the names every other part uses.
+
+Every series carries a `run_id` label, so several runs can share one Prometheus and the
+dashboards can choose between them. Not for the offline file: `trainer.offline` writes the
+same names with timestamps, without a registry.
+
+    >>> m = TrainerMetrics(run_id="none-0", seed=0, incident="none")
+    >>> m.observe(record, tokens_per_second=65536.0)
+    >>> m.registry.get_sample_value("runwatch_train_step", {"run_id": "none-0"})
+    0.0
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import threading
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from trainer.run import StepRecord
+
+# One place for the names: the offline writer, the rules and the dashboards use these strings.
+STEP = "runwatch_train_step"
+LOSS = "runwatch_train_loss"
+HELDOUT_LOSS = "runwatch_train_heldout_loss"
+GRADIENT_NORM = "runwatch_train_gradient_norm"
+LEARNING_RATE = "runwatch_train_learning_rate"
+TOKENS = "runwatch_train_tokens"  # a counter: exposed as runwatch_train_tokens_total
+TOKENS_PER_SECOND = "runwatch_train_tokens_per_second"
+STEP_DURATION = "runwatch_train_step_duration_seconds"
+RUN_INFO = "runwatch_train_run_info"
+INCIDENT_ACTIVE = "runwatch_train_incident_active"
+
+HELP = {
+    STEP: "The last training step completed by this run.",
+    LOSS: "Mean cross-entropy of the last step's training batch, in nats, before its update.",
+    HELDOUT_LOSS: "Mean cross-entropy on the fixed held-out set, in nats, refreshed every 10 steps.",
+    GRADIENT_NORM: "L2 norm of the last step's full gradient (weights and bias).",
+    LEARNING_RATE: "Learning rate applied at the last step.",
+    TOKENS: "Tokens processed by this run, counting every completed step.",
+    TOKENS_PER_SECOND: "Tokens per second of the last step, measured from the wall clock around it.",
+    STEP_DURATION: "Wall-clock duration of each training step, in seconds.",
+    RUN_INFO: "Constant 1, labelled with the run's id, seed and incident (hidden in a drill).",
+    INCIDENT_ACTIVE: "1 while the injected incident acts on the current step, else 0.",
+}
+
+# Around the one-second lab step: a 2% jitter stays in the 0.95-1.05 buckets, a slow node
+# (1/0.7 = 1.43 s) lands in 1.5.
+STEP_DURATION_BUCKETS = (0.5, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 5.0)
+
+HIDDEN = "hidden"
+
+
+class TrainerMetrics(Collector):
+    """The trainer's series for one run, registered in `registry` (a fresh one by default).
+
+    A collector, not a set of Gauge objects: `observe` only stores the step under a lock, and a
+    scrape renders every series from that one step. So a scrape never pairs step s's loss with
+    step s-1's step number, and the training loop pays about a microsecond per step.
+
+    In a drill the incident is withheld: run_info says "hidden", and neither the
+    incident-active flag nor the learning rate (which would name an lr_spike at once) is exported.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        seed: int,
+        incident: str,
+        drill: bool = False,
+        registry: CollectorRegistry | None = None,
+    ):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.run_id, self.seed, self.drill = run_id, seed, drill
+        self.incident = HIDDEN if drill else incident
+        self._lock = threading.Lock()
+        self._last: StepRecord | None = None
+        self._tokens_per_second = 0.0
+        self._tokens = 0
+        self._buckets = [0] * (len(STEP_DURATION_BUCKETS) + 1)  # the last one is +Inf
+        self._duration_sum = 0.0
+        self.registry.register(self)
+
+    def observe(self, rec: StepRecord, tokens_per_second: float, wall_seconds: float | None = None) -> None:
+        """Publish one completed step. wall_seconds defaults to the simulated duration."""
+        seconds = rec.duration_seconds if wall_seconds is None else wall_seconds
+        with self._lock:
+            self._last = rec
+            self._tokens_per_second = tokens_per_second
+            self._tokens += rec.tokens
+            self._buckets[bisect.bisect_left(STEP_DURATION_BUCKETS, seconds)] += 1
+            self._duration_sum += seconds
+
+    def add_tokens(self, tokens: int) -> None:
+        """Count tokens processed without publishing a step (the fast-forwarded prefix)."""
+        with self._lock:
+            self._tokens += tokens
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            rec, tps, tokens = self._last, self._tokens_per_second, self._tokens
+            buckets, duration_sum = list(self._buckets), self._duration_sum
+        run = [self.run_id]
+
+        def gauge(name: str, value: float) -> GaugeMetricFamily:
+            fam = GaugeMetricFamily(name, HELP[name], labels=["run_id"])
+            fam.add_metric(run, value)
+            return fam
+
+        info = GaugeMetricFamily(RUN_INFO, HELP[RUN_INFO], labels=["run_id", "seed", "incident"])
+        info.add_metric([self.run_id, str(self.seed), self.incident], 1)
+        yield info
+        counter = CounterMetricFamily(TOKENS, HELP[TOKENS], labels=["run_id"])
+        counter.add_metric(run, tokens)
+        yield counter
+        if rec is None:  # nothing trained yet: no step to report
+            return
+        yield gauge(STEP, rec.step)
+        yield gauge(LOSS, rec.loss)
+        yield gauge(HELDOUT_LOSS, rec.heldout_loss)
+        yield gauge(GRADIENT_NORM, rec.gradient_norm)
+        yield gauge(TOKENS_PER_SECOND, tps)
+        if not self.drill:
+            yield gauge(LEARNING_RATE, rec.lr)
+            yield gauge(INCIDENT_ACTIVE, 1 if rec.incident_active else 0)
+        hist = HistogramMetricFamily(STEP_DURATION, HELP[STEP_DURATION], labels=["run_id"])
+        cumulative = list(itertools.accumulate(buckets))
+        bounds = [str(b) for b in STEP_DURATION_BUCKETS] + ["+Inf"]
+        hist.add_metric(run, list(zip(bounds, cumulative, strict=True)), duration_sum)
+        yield hist

@@ -1,0 +1,159 @@
+"""Print the page log one line per page, like ``tail -f``, and the two command lines of the pager.
+
+Do not parse this output in tools; read the log with ``oncall.pager.read_pages`` instead.
+
+    >>> follow(Path(".runwatch/pages.jsonl"), follow=False)
+    12:00:05  FIRING    TrainingLossJump      run=corrupt_shard-3  step=300  Loss jumped  runbook: runbooks/Trai...
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+from urllib.parse import urlsplit
+
+from oncall.pager import make_server
+
+DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
+
+
+def runbook_path(page: dict[str, Any]) -> str:
+    """Return the repo-relative runbook for a page: the .md named by runbook_url, else runbooks/<alert>.md."""
+    name = urlsplit(page.get("runbook_url") or "").path.rstrip("/").rsplit("/", 1)[-1]
+    return f"runbooks/{name}" if name.endswith(".md") else f"runbooks/{page.get('alert') or 'unknown'}.md"
+
+
+def format_page(page: dict[str, Any]) -> str:
+    """Render one page as one fixed-format line (time is UTC, from received_at); empty fields show as "-".
+
+    Do not parse the line back; the page log is the record.
+
+    >>> format_page({"received_at": "2024-05-01T12:00:05.000Z", "status": "firing", "alert": "TrainingLossJump",
+    ...              "run_id": "corrupt_shard-3", "step": "300", "summary": "Loss jumped"})[:71]
+    '12:00:05  FIRING    TrainingLossJump      run=corrupt_shard-3  step=300'
+    """
+    clock = str(page.get("received_at", ""))[11:19] or "--:--:--"
+    summary = " ".join(str(page.get("summary", "")).split())  # one line, whatever the template produced
+    fields = [
+        clock,
+        str(page.get("status", "")).upper().ljust(8),
+        str(page.get("alert", "")).ljust(20),
+        f"run={page.get('run_id') or '-'}",
+        f"step={page.get('step') or '-'}",
+        *([summary] if summary else []),
+        f"runbook: {runbook_path(page)}",
+    ]
+    return "  ".join(fields)
+
+
+def _print_line(line: bytes, out: TextIO) -> None:
+    try:
+        page = json.loads(line)
+    except ValueError:
+        return  # a torn line left by a crash; the pager skips it too
+    if isinstance(page, dict):
+        print(format_page(page), file=out, flush=True)
+
+
+def follow(
+    log_path: Path,
+    out: TextIO | None = None,
+    follow: bool = True,
+    poll: float = 0.2,
+    stop: threading.Event | None = None,
+) -> None:
+    """Print every page in the log, then (if ``follow``) each page appended later, until ``stop`` is set.
+
+    A log that does not exist yet is waited for. A last line without its newline is still being
+    written, so it is printed only once the newline arrives. ``out`` defaults to sys.stdout.
+    Do not use this to count pages; use read_pages().
+    """
+    out = sys.stdout if out is None else out
+    stop = threading.Event() if stop is None else stop
+    offset, pending = 0, b""
+    while True:
+        try:
+            with open(log_path, "rb") as f:
+                if f.seek(0, 2) < offset:  # the log was truncated or replaced: start over
+                    offset, pending = 0, b""
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        offset += len(data)
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            if line.strip():
+                _print_line(line, out)
+        if not follow or stop.wait(poll):
+            return
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line naming the flag."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
+    return int(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``runwatch pager [--log PATH] [--follow]``: print the page log, and keep printing with --follow."""
+    parser = _Parser(prog="runwatch pager", description="Print the on-call page log, one line per page.")
+    parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to read (default {DEFAULT_LOG})")
+    parser.add_argument("--follow", action="store_true", help="keep printing pages as they arrive, like tail -f")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if not args.follow and not args.log.exists():
+        print(f"runwatch pager: no page log at {args.log}; start `runwatch pager-serve` or pass --log", file=sys.stderr)
+        return 1
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how --follow ends
+        follow(args.log, follow=args.follow)
+    return 0
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """``runwatch pager-serve --host 127.0.0.1 --port 9095 --log PATH``: run the webhook receiver until interrupted."""
+    parser = _Parser(prog="runwatch pager-serve", description="Receive Alertmanager webhooks into the page log.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=9095, help="port to listen on (default 9095)")
+    parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to append to (default {DEFAULT_LOG})")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        server = make_server(args.host, args.port, args.log)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            print(f"{parser.prog}: port {args.port} is already in use (--port)", file=sys.stderr)
+        elif e.filename is not None:
+            print(f"{parser.prog}: cannot use page log {e.filename}: {e.strerror} (--log)", file=sys.stderr)
+        else:
+            print(
+                f"{parser.prog}: cannot listen on {args.host}:{args.port}: {e.strerror or e} (--host)", file=sys.stderr
+            )
+        return 2
+    host, port = server.server_address[:2]
+    print(f"{parser.prog}: listening on http://{host}:{port}/webhook, page log {args.log}", file=sys.stderr)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,358 @@
+"""The on-call pager: receives Alertmanager webhook notifications and keeps a durable page log.
+
+Each new page (one alert in one state) is appended as one JSON line and fsynced before the
+webhook gets its 200, so an acknowledged page survives a crash. Alertmanager re-sends alerts
+(repeat_interval, group changes, retries); a page is identified by (fingerprint, startsAt,
+status), and repeats are counted, not stored. The dedup set is rebuilt from the log on start.
+
+Do not use this to decide whether an alert should fire; that lives in the PromQL rule files.
+Do not point two pager processes at one log: the lock that keeps lines whole is per process.
+
+    >>> server = make_server("127.0.0.1", 0, Path(".runwatch/pages.jsonl"), registry=CollectorRegistry())
+    >>> threading.Thread(target=server.serve_forever, daemon=True).start()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+ROUTES = {"/webhook": "POST", "/-/healthy": "GET", "/-/ready": "GET", "/metrics": "GET"}
+STATUSES = ("firing", "resolved")
+DRAIN_LIMIT = 16 << 20  # bytes of an oversized body read and discarded so the client sees the 413
+
+
+class PayloadError(ValueError):
+    """A webhook payload that cannot be stored; ``field`` names the offending part, e.g. ``alerts[2].status``."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+def rfc3339_ms(t: float) -> str:
+    """Format a Unix time as RFC3339 UTC with milliseconds, e.g. ``2024-05-01T12:00:00.250Z``."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _string_map(value: Any, field: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise PayloadError(field, f"must be an object of string to string, got {type(value).__name__}")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise PayloadError(f"{field}.{key}", f"must be a string, got {type(item).__name__}")
+    return value
+
+
+def validate_payload(payload: Any) -> list[dict[str, Any]]:
+    """Check a whole Alertmanager v4 webhook payload and return its alerts; raise PayloadError on the first bad field.
+
+    Do not use this on partial payloads: it checks everything so that nothing is stored from a bad one.
+
+        >>> validate_payload({"alerts": []})
+        []
+    """
+    if not isinstance(payload, dict):
+        raise PayloadError("body", f"must be a JSON object, got {type(payload).__name__}")
+    alerts = payload.get("alerts")
+    if not isinstance(alerts, list):
+        raise PayloadError("alerts", "must be a list of alerts" if "alerts" in payload else "is missing")
+    for i, alert in enumerate(alerts):
+        where = f"alerts[{i}]"
+        if not isinstance(alert, dict):
+            raise PayloadError(where, f"must be an object, got {type(alert).__name__}")
+        for key in ("status", "labels", "fingerprint", "startsAt"):
+            if key not in alert:
+                raise PayloadError(f"{where}.{key}", "is missing")
+            if key == "status" and alert[key] not in STATUSES:
+                raise PayloadError(f"{where}.status", f'must be "firing" or "resolved", got {alert[key]!r}')
+            if key in ("fingerprint", "startsAt") and (not isinstance(alert[key], str) or not alert[key]):
+                raise PayloadError(f"{where}.{key}", "must be a non-empty string")
+        if not isinstance(alert.get("endsAt", ""), str):
+            raise PayloadError(f"{where}.endsAt", "must be a string")
+        _string_map(alert["labels"], f"{where}.labels")
+        _string_map(alert.get("annotations", {}), f"{where}.annotations")
+    return alerts
+
+
+def page_record(alert: dict[str, Any], received_at: str) -> dict[str, Any]:
+    """Turn one validated alert into the page record stored as one line of the page log."""
+    labels, annotations = alert["labels"], alert.get("annotations", {})
+    return {
+        "received_at": received_at,
+        "alert": labels.get("alertname", ""),
+        "status": alert["status"],
+        "severity": labels.get("severity", ""),
+        "run_id": labels.get("run_id", ""),
+        "step": annotations.get("step", ""),
+        "summary": annotations.get("summary", ""),
+        "description": annotations.get("description", ""),
+        "runbook_url": annotations.get("runbook_url", ""),
+        "fingerprint": alert["fingerprint"],
+        "starts_at": alert["startsAt"],
+        "ends_at": alert.get("endsAt", ""),
+        "labels": labels,
+        "annotations": annotations,
+    }
+
+
+def _page_key(page: dict[str, Any]) -> tuple[str, str, str]:
+    return (page.get("fingerprint", ""), page.get("starts_at", ""), page.get("status", ""))
+
+
+def _parse_pages(data: bytes, log_path: Path, stderr: TextIO | None) -> list[dict[str, Any]]:
+    pages = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            page = json.loads(line)
+        except ValueError:
+            page = None
+        if isinstance(page, dict):
+            pages.append(page)
+        elif stderr is not None:
+            print(f"runwatch pager: skipping unreadable line {number} of {log_path} (torn by a crash?)", file=stderr)
+    return pages
+
+
+def read_pages(log_path: Path, stderr: TextIO | None = None) -> list[dict[str, Any]]:
+    """Return every page in the log, oldest first, skipping torn or unreadable lines.
+
+    Pass ``stderr`` to be told which lines were skipped. A missing log has no pages.
+
+        >>> [p["alert"] for p in read_pages(Path(".runwatch/pages.jsonl"))]
+        ['TrainingLossJump']
+    """
+    log_path = Path(log_path)
+    return _parse_pages(log_path.read_bytes(), log_path, stderr) if log_path.exists() else []
+
+
+class PageLog:
+    """The append-only, fsynced page log and the dedup set rebuilt from it.
+
+    Do not write to the log file from elsewhere while a PageLog holds it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        data = self.path.read_bytes() if self.path.exists() else b""
+        pages = _parse_pages(data, self.path, sys.stderr)
+        self.seen = {_page_key(p) for p in pages}
+        self.last_received = pages[-1].get("received_at", "") if pages else ""
+        # A torn last line has no newline; the next append must not glue onto it.
+        self._needs_newline = bool(data) and not data.endswith(b"\n")
+
+    def store(self, records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        """Append the records not seen before in one fsynced write; return (stored, duplicates)."""
+        with self._lock:
+            new, keys = [], set()
+            for record in records:
+                key = _page_key(record)
+                if key not in self.seen and key not in keys:
+                    new.append(record)
+                    keys.add(key)
+            if new:
+                data = "".join(json.dumps(r) + "\n" for r in new).encode()
+                if self._needs_newline:
+                    data = b"\n" + data
+                created = not self.path.exists()
+                self._needs_newline = True  # until the write is known to be whole
+                with open(self.path, "ab") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                if created:  # make the new file's directory entry durable too
+                    fd = os.open(self.path.parent, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                self._needs_newline = False
+                self.seen |= keys
+            return new, len(records) - len(new)
+
+
+class PagerMetrics:
+    """The pager's own metrics, registered on the given registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.notifications = Counter(
+            "runwatch_pager_notifications_total",
+            "Webhook notifications from Alertmanager that the pager accepted.",
+            registry=registry,
+        )
+        self.pages = Counter(
+            "runwatch_pager_pages_total",
+            "New pages stored in the page log, by alert status.",
+            ["status"],
+            registry=registry,
+        )
+        self.duplicates = Counter(
+            "runwatch_pager_duplicates_total",
+            "Alerts ignored because the same page was already stored.",
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "runwatch_pager_rejected_total",
+            "Webhook requests the pager refused, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.last_page = Gauge(
+            "runwatch_pager_last_page_timestamp_seconds",
+            "Unix time at which the most recent new page was stored.",
+            registry=registry,
+        )
+        for status in STATUSES:
+            self.pages.labels(status)
+        for reason in ("malformed", "too_large", "length_required", "write_failed"):
+            self.rejected.labels(reason)
+
+
+class PagerServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer carrying the page log, metrics and settings its handlers need."""
+
+    daemon_threads = True
+    request_queue_size = 64  # Alertmanager may send several groups at once
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        log: PageLog,
+        metrics: PagerMetrics,
+        registry: CollectorRegistry,
+        max_body: int,
+        clock: Callable[[], float],
+    ) -> None:
+        super().__init__(address, _Handler)
+        self.log, self.metrics, self.registry = log, metrics, registry
+        self.max_body, self.clock = max_body, clock
+        self.ready = threading.Event()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: PagerServer
+    timeout = 10  # seconds a slow or stalled client may hold a handler thread
+
+    def _reply(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if code == 405:
+            self.send_header("Allow", ROUTES[urlsplit(self.path).path])
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, code: int, obj: dict[str, Any]) -> None:
+        self._reply(code, json.dumps(obj).encode() + b"\n", "application/json")
+
+    def _reject(self, code: int, reason: str, field: str, problem: str) -> None:
+        self.server.metrics.rejected.labels(reason).inc()
+        self._json(code, {"error": f"{field}: {problem}", "field": field})
+
+    def _route(self) -> None:
+        path = urlsplit(self.path).path
+        if path not in ROUTES:
+            self._reply(404, f"404 not found: {path}; try POST /webhook, GET /metrics\n".encode())
+        elif self.command != ROUTES[path]:
+            self._reply(405, f"405 method not allowed: use {ROUTES[path]} {path}\n".encode())
+        elif path == "/webhook":
+            self._webhook()
+        elif path == "/metrics":
+            self._reply(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+        elif path == "/-/ready" and not self.server.ready.is_set():
+            self._reply(503, b"Not ready: loading the page log\n")
+        else:
+            self._reply(200, b"OK\n")
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _route  # noqa: N815 (http.server's names)
+
+    def _webhook(self) -> None:
+        header = self.headers.get("Content-Length")
+        if header is None:
+            return self._reject(411, "length_required", "Content-Length", "header is required")
+        length = int(header) if header.strip().isascii() and header.strip().isdigit() else -1
+        if length < 0:
+            return self._reject(400, "malformed", "Content-Length", f"must be a byte count, got {header!r}")
+        if length > self.server.max_body:
+            # Read and drop the body in small chunks, so the client is not reset before it reads the 413.
+            remaining = min(length, DRAIN_LIMIT)
+            while remaining > 0 and (chunk := self.rfile.read(min(remaining, 1 << 16))):
+                remaining -= len(chunk)
+            return self._reject(413, "too_large", "body", f"{length} bytes exceeds the limit of {self.server.max_body}")
+        body = self.rfile.read(length)
+        try:
+            if len(body) != length:
+                raise PayloadError("body", f"got {len(body)} of the {length} bytes in Content-Length")
+            try:
+                payload = json.loads(body)
+            except ValueError as e:
+                raise PayloadError("body", f"is not valid UTF-8 JSON ({e})") from None
+            alerts = validate_payload(payload)
+        except PayloadError as e:
+            return self._reject(400, "malformed", e.field, str(e).split(": ", 1)[1])
+        now = self.server.clock()
+        records = [page_record(a, rfc3339_ms(now)) for a in alerts]
+        try:
+            stored, duplicates = self.server.log.store(records)
+        except OSError as e:
+            return self._reject(500, "write_failed", "page log", f"cannot append to {self.server.log.path}: {e}")
+        metrics = self.server.metrics
+        metrics.notifications.inc()
+        metrics.duplicates.inc(duplicates)
+        for record in stored:
+            metrics.pages.labels(record["status"]).inc()
+        if stored:
+            metrics.last_page.set(now)
+        self._json(200, {"stored": len(stored), "duplicates": duplicates})
+
+
+def make_server(
+    host: str,
+    port: int,
+    log_path: Path,
+    registry: CollectorRegistry | None = None,
+    max_body: int = 1 << 20,
+    clock: Callable[[], float] = time.time,
+) -> PagerServer:
+    """Load the page log and bind the pager to host:port (0 picks a free port); call serve_forever() to run it.
+
+    Do not use this for a quick look at pages; read_pages() reads the log without a server.
+
+        >>> server = make_server("127.0.0.1", 0, Path(".runwatch/pages.jsonl"), registry=CollectorRegistry())
+        >>> server.server_address[1] > 0
+        True
+    """
+    registry = CollectorRegistry() if registry is None else registry
+    log = PageLog(log_path)
+    metrics = PagerMetrics(registry)
+    with contextlib.suppress(ValueError):  # an empty log or a hand-edited received_at leaves the gauge at 0
+        metrics.last_page.set(datetime.fromisoformat(log.last_received).timestamp())
+    server = PagerServer((host, port), log, metrics, registry, max_body, clock)
+    server.ready.set()
+    return server
+
+
+def serve(host: str, port: int, log_path: Path) -> None:
+    """Run the pager until interrupted. Do not use in tests; use make_server() in a thread."""
+    server = make_server(host, port, log_path)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()

@@ -1,0 +1,5 @@
+import sys
+
+from runwatch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,76 @@
+"""The `runwatch` console script: one parser, a subcommand per module.
+
+Every usage error is one line naming the flag, with exit status 2, so a learner sees what to fix:
+
+    $ runwatch train --incident meteor
+    runwatch train: --incident: unknown incident 'meteor'; choose one of none, lr_spike, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+
+class UsageError(Exception):
+    """Bad input from the command line or a file it names; the message names the flag or file."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump) and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Command]]]:
+    # Imported here so that `runwatch --help` stays fast and one broken module names itself.
+    from runwatch import train_cmd
+
+    return [
+        ("train", "run the workshop's training run, live or offline", train_cmd.add_arguments),
+    ]
+
+
+def _delegated() -> dict[str, Callable[[list[str]], int]]:
+    """Subcommands that parse their own arguments (they are also runnable on their own)."""
+    from oncall import follow
+
+    return {"pager": follow.main, "pager-serve": follow.serve_main}
+
+
+def build_parser() -> tuple[Parser, dict[str, Command]]:
+    parser = Parser(prog="runwatch", description="Observability lab for a training run (Plate XV.6).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    handlers: dict[str, Command] = {}
+    for name, help_text, add in _commands():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        handlers[name] = add(p)
+    sub.add_parser("pager", help="print the on-call page log; --follow to keep watching", add_help=False)
+    sub.add_parser("pager-serve", help="run the on-call pager (Alertmanager's webhook receiver)", add_help=False)
+    return parser, handlers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    delegated = _delegated()
+    if argv and argv[0] in delegated:
+        return delegated[argv[0]](argv[1:])
+    parser, handlers = build_parser()
+    prog = "runwatch" + (f" {argv[0]}" if argv and argv[0] in handlers else "")
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return handlers[args.command](args)
+    except UsageError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130

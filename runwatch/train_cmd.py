@@ -1,0 +1,147 @@
+"""`runwatch train`: the live, exported run, or with --offline a timestamped OpenMetrics file.
+
+runwatch train --incident corrupt_shard --seed 3            # live on :8000
+runwatch train --incident random --fast-forward 250         # a drill: the incident is sealed
+runwatch train --offline --out run.om --incident slow_node  # for promtool / the backtest
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import secrets
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from exporter.metrics import HIDDEN, TrainerMetrics
+from exporter.server import PortInUseError, start
+from runwatch.cli import Command, UsageError
+from trainer.config import INCIDENTS, ConfigError, TrainConfig
+from trainer.live import RunRecord, run_live
+from trainer.offline import simulate, write_openmetrics
+from trainer.sealed import seal
+
+RANDOM = "random"
+# A drill's onset is drawn from this range, so "it's always step 300" is no shortcut.
+DRILL_ONSET_RANGE = (240, 360)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> Command:
+    d = TrainConfig()
+    p.add_argument("--incident", default="none", help=f"one of {', '.join(INCIDENTS)}, or {RANDOM} for a drill")
+    p.add_argument("--seed", type=int, default=d.seed, help="seeds batches, held-out set and jitter")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--onset", type=int, default=None, help=f"first incident step (default {d.onset})")
+    p.add_argument("--lr", type=float, default=d.lr, help="SGD learning rate")
+    p.add_argument("--run-id", default="", help="label on every series (default INCIDENT-SEED)")
+    p.add_argument("--port", type=int, default=8000, help="/metrics port on 127.0.0.1 (live)")
+    p.add_argument("--host", default="127.0.0.1", help="address to serve /metrics on (live)")
+    p.add_argument("--fast-forward", type=int, default=0, metavar="STEP", help="train steps 0..STEP-1 unpaced first")
+    p.add_argument("--run-dir", type=Path, default=None, help="where run.json goes (default runs/RUN_ID)")
+    p.add_argument("--hold", type=float, default=None, metavar="SECONDS", help="keep serving after the run")
+    p.add_argument("--drill-seed", type=int, default=None, help="make --incident random reproducible")
+    p.add_argument("--offline", action="store_true", help="no HTTP, no pacing: write --out")
+    p.add_argument("--out", type=Path, default=None, help="OpenMetrics file for --offline")
+    return run
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig]:
+    """(the true config, the one that may be shown); they differ only in a drill."""
+    drill = args.incident == RANDOM
+    onset = args.onset
+    incident = args.incident
+    if drill:
+        rng = random.Random(args.drill_seed) if args.drill_seed is not None else secrets.SystemRandom()
+        incident = rng.choice(INCIDENTS)
+        if onset is None:
+            onset = rng.randint(*DRILL_ONSET_RANGE)
+    cfg = TrainConfig(
+        incident=incident,
+        seed=args.seed,
+        steps=args.steps,
+        onset=TrainConfig.onset if onset is None else onset,
+        lr=args.lr,
+        run_id=args.run_id,
+        drill=drill,
+    )
+    if args.fast_forward < 0:
+        raise UsageError(f"--fast-forward: must be 0 or more, got {args.fast_forward}")
+    try:
+        cfg.validate()
+    except ConfigError as err:
+        field, _, msg = str(err).partition(": ")
+        if field == "onset" and 0 <= cfg.onset:
+            raise UsageError(f"--steps: must be greater than --onset ({cfg.onset}), got {cfg.steps}") from None
+        raise UsageError(f"--{field.replace('_', '-')}: {msg}") from None
+    public = dataclasses.replace(cfg, incident=HIDDEN, onset=-1) if drill else cfg
+    return cfg, public
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
+    except OSError as err:
+        raise UsageError(f"{flag}: cannot write {path}: {err.strerror}") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def run_offline(cfg: TrainConfig, out: Path) -> int:
+    _check_writable(out, "--out")
+    t0 = time.perf_counter()
+    run = simulate(cfg)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            n = write_openmetrics([run], fh)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    print(f"wrote {n} samples of run {cfg.label} to {out} in {time.perf_counter() - t0:.2f}s")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg, public = config_from_args(args)
+    if args.offline:
+        if args.out is None:
+            raise UsageError("--out: --offline needs a file to write")
+        return run_offline(cfg, args.out)
+    if args.out is not None:
+        raise UsageError("--out: only with --offline")
+
+    run_dir = args.run_dir or Path("runs") / cfg.label
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _check_writable(run_dir / "run.json", "--run-dir")
+    except OSError as err:
+        raise UsageError(f"--run-dir: cannot create {run_dir}: {err.strerror}") from None
+    # Ctrl-C and SIGTERM only ask the loop to stop, so run.json is always rewritten whole.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    metrics = TrainerMetrics(cfg.label, cfg.seed, cfg.incident, drill=cfg.drill)
+    try:
+        server = start(metrics.registry, args.port, args.host)
+    except PortInUseError as err:
+        raise UsageError(f"--port: {err}") from None
+    except OSError as err:
+        raise UsageError(f"--host: cannot listen on {args.host}:{args.port}: {err.strerror}") from None
+    if cfg.drill:
+        seal(run_dir / "answer.sealed", {"incident": cfg.incident, "onset": cfg.onset, "run_id": cfg.label})
+
+    host, port = server.server_address[:2]
+    print(f"run {cfg.label}: serving http://{host}:{port}/metrics; run.json in {run_dir}", flush=True)
+    status = run_live(cfg, metrics, RunRecord(run_dir / "run.json", cfg, public), args.fast_forward, stop)
+    print(f"run {cfg.label}: {status}", flush=True)
+    # A finished run keeps serving its last values, so Prometheus does not see the target die.
+    if status == "completed":
+        stop.wait(args.hold)
+    server.shutdown()
+    return 0 if status == "completed" else 130

@@ -1,0 +1,422 @@
+"""The on-call pager over real HTTP on 127.0.0.1: storage, dedup, durability, rejects, metrics, and the follower."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from oncall.follow import follow, format_page, main, serve_main
+from oncall.pager import make_server, read_pages
+
+NOW = 1714564805.25  # 2024-05-01T12:00:05.250Z
+STARTS_AT = "2024-05-01T12:00:00Z"
+FINGERPRINT = "5c0ffee0d15ea5e1"
+
+
+def alert(status: str = "firing", starts_at: str = STARTS_AT, fingerprint: str = FINGERPRINT) -> dict:
+    """One alert as Alertmanager sends it, for TrainingLossJump on the corrupt_shard run."""
+    return {
+        "status": status,
+        "labels": {
+            "alertname": "TrainingLossJump",
+            "severity": "page",
+            "run_id": "corrupt_shard-3",
+            "job": "trainer",
+            "instance": "127.0.0.1:8000",
+        },
+        "annotations": {
+            "summary": "Training loss jumped above its running mean.",
+            "description": "Loss on run corrupt_shard-3 is 3.1x its 30s mean at step 300.",
+            "runbook_url": "runbooks/TrainingLossJump.md",
+            "step": "300",
+        },
+        "startsAt": starts_at,
+        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2024-05-01T12:01:00Z",
+        "generatorURL": "http://127.0.0.1:9090/graph?g0.expr=runwatch%3Aloss",
+        "fingerprint": fingerprint,
+    }
+
+
+def payload(*alerts: dict) -> dict:
+    """An Alertmanager version 4 webhook payload around the given alerts."""
+    alerts = alerts or (alert(),)
+    return {
+        "version": "4",
+        "groupKey": '{}:{alertname="TrainingLossJump"}',
+        "truncatedAlerts": 0,
+        "status": "firing" if any(a.get("status") == "firing" for a in alerts) else "resolved",
+        "receiver": "oncall-pager",
+        "groupLabels": {"alertname": "TrainingLossJump"},
+        "commonLabels": {"alertname": "TrainingLossJump", "severity": "page"},
+        "commonAnnotations": {},
+        "externalURL": "http://127.0.0.1:9093",
+        "alerts": list(alerts),
+    }
+
+
+class Pager:
+    """A running pager server for one test, with its own registry."""
+
+    def __init__(self, log_path: Path, **kwargs) -> None:
+        self.log_path = log_path
+        self.registry = CollectorRegistry()
+        self.server = make_server("127.0.0.1", 0, log_path, registry=self.registry, clock=lambda: NOW, **kwargs)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def post(self, obj) -> tuple[int, dict]:
+        status, body = self.request("POST", "/webhook", json.dumps(obj).encode())
+        return status, json.loads(body)
+
+    def sample(self, name: str, **labels) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def start(tmp_path):
+    started = []
+
+    def _start(log_path: Path = tmp_path / "pages.jsonl", **kwargs) -> Pager:
+        started.append(Pager(log_path, **kwargs))
+        return started[-1]
+
+    yield _start
+    for pager in started:
+        pager.close()
+
+
+# --- storing and deduplicating pages ---
+
+
+def test_firing_notification_is_stored_once_with_all_fields(start):
+    pager = start()
+    assert pager.post(payload()) == (200, {"stored": 1, "duplicates": 0})
+    [page] = read_pages(pager.log_path)
+    a = alert()
+    assert page == {
+        "received_at": "2024-05-01T12:00:05.250Z",
+        "alert": "TrainingLossJump",
+        "status": "firing",
+        "severity": "page",
+        "run_id": "corrupt_shard-3",
+        "step": "300",
+        "summary": a["annotations"]["summary"],
+        "description": a["annotations"]["description"],
+        "runbook_url": "runbooks/TrainingLossJump.md",
+        "fingerprint": FINGERPRINT,
+        "starts_at": STARTS_AT,
+        "ends_at": "0001-01-01T00:00:00Z",
+        "labels": a["labels"],
+        "annotations": a["annotations"],
+    }
+    assert pager.sample("runwatch_pager_notifications_total") == 1
+    assert pager.sample("runwatch_pager_pages_total", status="firing") == 1
+    assert pager.sample("runwatch_pager_last_page_timestamp_seconds") == NOW
+
+
+def test_resent_notification_is_deduplicated(start):
+    pager = start()
+    pager.post(payload())
+    assert pager.post(payload()) == (200, {"stored": 0, "duplicates": 1})
+    assert len(pager.log_path.read_text().splitlines()) == 1
+    assert pager.sample("runwatch_pager_duplicates_total") == 1
+    assert pager.sample("runwatch_pager_notifications_total") == 2
+    assert pager.sample("runwatch_pager_pages_total", status="firing") == 1
+
+
+def test_firing_then_resolved_gives_two_pages(start):
+    pager = start()
+    pager.post(payload(alert("firing")))
+    pager.post(payload(alert("resolved")))
+    pager.post(payload(alert("resolved")))
+    assert [p["status"] for p in read_pages(pager.log_path)] == ["firing", "resolved"]
+    assert pager.sample("runwatch_pager_pages_total", status="resolved") == 1
+    assert pager.sample("runwatch_pager_duplicates_total") == 1
+
+
+def test_refire_with_new_starts_at_is_a_new_page(start):
+    pager = start()
+    pager.post(payload(alert("firing")))
+    pager.post(payload(alert("resolved")))
+    pager.post(payload(alert("firing", starts_at="2024-05-01T12:05:00Z")))
+    assert [(p["status"], p["starts_at"]) for p in read_pages(pager.log_path)] == [
+        ("firing", STARTS_AT),
+        ("resolved", STARTS_AT),
+        ("firing", "2024-05-01T12:05:00Z"),
+    ]
+
+
+def test_repeat_inside_one_notification_is_stored_once(start):
+    pager = start()
+    assert pager.post(payload(alert(), alert())) == (200, {"stored": 1, "duplicates": 1})
+
+
+def test_log_survives_a_restart(start):
+    first = start()
+    first.post(payload())
+    first.close()
+    second = start(first.log_path)
+    assert second.post(payload()) == (200, {"stored": 0, "duplicates": 1})
+    assert len(read_pages(second.log_path)) == 1
+    assert second.sample("runwatch_pager_duplicates_total") == 1
+    assert second.sample("runwatch_pager_last_page_timestamp_seconds") == NOW
+
+
+def test_concurrent_posts_do_not_interleave_lines(start):
+    pager = start()
+    threads = [threading.Thread(target=pager.post, args=(payload(alert(fingerprint=f"fp{i:02d}")),)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = pager.log_path.read_text().splitlines()
+    assert sorted(json.loads(line)["fingerprint"] for line in lines) == [f"fp{i:02d}" for i in range(20)]
+
+
+# --- rejected requests store nothing ---
+
+
+def _bad(mutate) -> bytes:
+    body = payload(alert(fingerprint="other"), alert(fingerprint="second"))
+    mutate(body)
+    return json.dumps(body).encode()
+
+
+MALFORMED = {
+    "not_json": (b'{"alerts": [', "body"),
+    "not_utf8": (b"\xff\xfe\x00", "body"),
+    "not_an_object": (b"[]", "body"),
+    "alerts_missing": (_bad(lambda p: p.pop("alerts")), "alerts"),
+    "alerts_not_a_list": (_bad(lambda p: p.update(alerts={"0": alert()})), "alerts"),
+    "bad_status": (_bad(lambda p: p["alerts"][1].update(status="pending")), "alerts[1].status"),
+    "missing_status": (_bad(lambda p: p["alerts"][1].pop("status")), "alerts[1].status"),
+    "missing_fingerprint": (_bad(lambda p: p["alerts"][1].pop("fingerprint")), "alerts[1].fingerprint"),
+    "missing_starts_at": (_bad(lambda p: p["alerts"][0].pop("startsAt")), "alerts[0].startsAt"),
+    "missing_labels": (_bad(lambda p: p["alerts"][1].pop("labels")), "alerts[1].labels"),
+    "non_string_label": (_bad(lambda p: p["alerts"][1]["labels"].update(step=300)), "alerts[1].labels.step"),
+    "labels_not_a_map": (_bad(lambda p: p["alerts"][1].update(labels=["a"])), "alerts[1].labels"),
+    "non_string_annotation": (_bad(lambda p: p["alerts"][1]["annotations"].update(x=None)), "alerts[1].annotations.x"),
+}
+
+
+@pytest.mark.parametrize("body, field", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_payload_is_rejected_naming_the_field(start, body, field):
+    pager = start()
+    pager.post(payload())
+    before = pager.log_path.read_bytes()
+    status, reply = pager.request("POST", "/webhook", body)
+    assert status == 400
+    assert reply.count(b"\n") == 1 and json.loads(reply)["field"] == field
+    assert json.loads(reply)["error"].startswith(f"{field}: ")
+    assert pager.log_path.read_bytes() == before
+    assert pager.sample("runwatch_pager_rejected_total", reason="malformed") == 1
+    assert pager.sample("runwatch_pager_notifications_total") == 1
+
+
+def test_oversized_body_is_rejected_with_413(start):
+    pager = start(max_body=2048)
+    pager.post(payload())
+    before = pager.log_path.read_bytes()
+    big = payload(*(alert(fingerprint=f"fp{i}") for i in range(20)))
+    status, reply = pager.request("POST", "/webhook", json.dumps(big).encode())
+    assert status == 413 and json.loads(reply)["field"] == "body"
+    assert pager.log_path.read_bytes() == before
+    assert pager.sample("runwatch_pager_rejected_total", reason="too_large") == 1
+
+
+def test_missing_content_length_is_411(start):
+    pager = start()
+    conn = http.client.HTTPConnection("127.0.0.1", pager.port, timeout=10)
+    conn.putrequest("POST", "/webhook")
+    conn.endheaders()
+    assert conn.getresponse().status == 411
+    conn.close()
+    assert not pager.log_path.exists()
+
+
+@pytest.mark.parametrize("length", ["abc", "-5"])
+def test_bad_content_length_is_400(start, length):
+    pager = start()
+    status, reply = pager.request("POST", "/webhook", headers={"Content-Length": length})
+    assert status == 400 and json.loads(reply)["field"] == "Content-Length"
+    assert not pager.log_path.exists()
+
+
+def test_wrong_path_is_404_and_wrong_method_is_405(start):
+    pager = start()
+    assert pager.request("POST", "/api/v2/alerts", b"{}")[0] == 404
+    assert pager.request("GET", "/webhook")[0] == 405
+    assert pager.request("POST", "/metrics", b"")[0] == 405
+
+
+def test_health_and_readiness(start):
+    pager = start()
+    assert pager.request("GET", "/-/healthy") == (200, b"OK\n")
+    assert pager.request("GET", "/-/ready") == (200, b"OK\n")
+
+
+# --- crash recovery ---
+
+
+def test_torn_last_line_is_skipped_and_next_append_starts_a_new_line(start, tmp_path, capsys):
+    log_path = tmp_path / "pages.jsonl"
+    good = json.dumps({"fingerprint": "old", "starts_at": STARTS_AT, "status": "firing", "alert": "Old"})
+    log_path.write_text(good + '\n{"received_at": "2024-05-01T12:00:0')
+    pager = start(log_path)
+    assert "skipping unreadable line 2" in capsys.readouterr().err
+    assert pager.post(payload()) == (200, {"stored": 1, "duplicates": 0})
+    lines = log_path.read_text().split("\n")
+    assert lines[1] == '{"received_at": "2024-05-01T12:00:0'
+    assert json.loads(lines[2])["fingerprint"] == FINGERPRINT and lines[3] == ""
+    assert [p["fingerprint"] for p in read_pages(log_path)] == ["old", FINGERPRINT]
+
+
+# --- metrics ---
+
+
+def test_metrics_endpoint_parses(start):
+    pager = start()
+    pager.post(payload())
+    pager.post(payload())
+    status, body = pager.request("GET", "/metrics")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    for name in ("runwatch_pager_notifications", "runwatch_pager_pages", "runwatch_pager_duplicates"):
+        assert families[name].type == "counter" and families[name].documentation.endswith(".")
+    assert families["runwatch_pager_last_page_timestamp_seconds"].type == "gauge"
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("runwatch_pager_pages_total", (("status", "firing"),))] == 1
+    assert samples[("runwatch_pager_duplicates_total", ())] == 1
+    assert samples[("runwatch_pager_rejected_total", (("reason", "too_large"),))] == 0
+
+
+# --- the follower ---
+
+PAGE = {
+    "received_at": "2024-05-01T12:00:05.250Z",
+    "alert": "TrainingLossJump",
+    "status": "firing",
+    "run_id": "corrupt_shard-3",
+    "step": "300",
+    "summary": "Training loss jumped above its running mean.",
+    "runbook_url": "runbooks/TrainingLossJump.md",
+}
+LINE = (
+    "12:00:05  FIRING    TrainingLossJump      run=corrupt_shard-3  step=300  "
+    "Training loss jumped above its running mean.  runbook: runbooks/TrainingLossJump.md"
+)
+
+
+def test_format_page():
+    assert format_page(PAGE) == LINE
+    resolved = format_page({**PAGE, "status": "resolved"})
+    assert resolved.startswith("12:00:05  RESOLVED  TrainingLossJump      run=")
+
+
+@pytest.mark.parametrize(
+    "runbook_url, expected",
+    [
+        ("https://github.com/x/runwatch/blob/main/runbooks/TrainingLossJump.md", "runbooks/TrainingLossJump.md"),
+        ("https://wiki.example/oncall/loss", "runbooks/TrainingLossJump.md"),
+        ("", "runbooks/TrainingLossJump.md"),
+    ],
+)
+def test_format_page_runbook_path(runbook_url, expected):
+    assert format_page({**PAGE, "runbook_url": runbook_url}).endswith(f"runbook: {expected}")
+
+
+def test_format_page_is_one_line_with_missing_fields():
+    line = format_page({"alert": "GradNormSpike", "status": "firing", "summary": "two\nlines"})
+    assert "\n" not in line and "run=-  step=-  two lines" in line
+
+
+def _wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_follow_prints_existing_then_appended_pages(tmp_path):
+    log_path = tmp_path / "pages.jsonl"
+    out, stop = io.StringIO(), threading.Event()
+    thread = threading.Thread(target=follow, args=(log_path, out), kwargs={"poll": 0.01, "stop": stop})
+    thread.start()
+    try:
+        time.sleep(0.05)  # the log does not exist yet
+        log_path.write_text(json.dumps(PAGE) + "\n")
+        _wait_for(lambda: out.getvalue() == LINE + "\n")
+        later = json.dumps({**PAGE, "status": "resolved"})
+        with open(log_path, "a") as f:
+            f.write(later[:20])  # half-written line: not printed until its newline
+            f.flush()
+            time.sleep(0.05)
+            assert out.getvalue().count("\n") == 1
+            f.write(later[20:] + "\n")
+        _wait_for(lambda: "RESOLVED" in out.getvalue())
+        assert out.getvalue().count("\n") == 2
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def test_follow_without_follow_prints_and_returns(tmp_path):
+    log_path = tmp_path / "pages.jsonl"
+    log_path.write_text(json.dumps(PAGE) + "\n" + json.dumps({**PAGE, "status": "resolved"})[:30])
+    out = io.StringIO()
+    follow(log_path, out, follow=False)
+    assert out.getvalue() == LINE + "\n"
+
+
+# --- command lines ---
+
+
+def test_pager_cli_prints_the_log(tmp_path, capsys):
+    log_path = tmp_path / "pages.jsonl"
+    log_path.write_text(json.dumps(PAGE) + "\n")
+    assert main(["--log", str(log_path)]) == 0
+    assert capsys.readouterr().out == LINE + "\n"
+
+
+def test_pager_cli_bad_flag_is_one_line_and_exit_2(capsys):
+    assert main(["--tail"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tail" in err
+
+
+def test_serve_cli_bad_port_names_the_flag(capsys):
+    assert serve_main(["--port", "http"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--port" in err
+
+
+def test_serve_cli_busy_port(tmp_path, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert serve_main(["--port", str(port), "--log", str(tmp_path / "pages.jsonl")]) == 2
+    assert capsys.readouterr().err == f"runwatch pager-serve: port {port} is already in use (--port)\n"

@@ -1,0 +1,104 @@
+"""The live run: paced by the lab clock, published through the exporter, logged every 10 steps.
+
+Each step sleeps until its simulated device time has passed (1 s nominal, jittered, 1/0.7 s on
+a slow node), then publishes tokens per second measured from the wall clock around it.
+`fast_forward` trains a prefix unpaced and unpublished first, for drills and tests.
+
+Not for backtests: `trainer.offline` runs at full speed.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from exporter.metrics import TrainerMetrics
+from trainer.config import TrainConfig, write_atomic
+from trainer.run import StepRecord, Trainer
+
+LOG_EVERY = 10
+
+
+def log_line(rec: StepRecord, tokens_per_second: float) -> str:
+    """The fixed-format progress line."""
+    return (
+        f"step {rec.step:4d} | loss {rec.loss:8.4f} | heldout {rec.heldout_loss:8.4f} | "
+        f"grad_norm {rec.gradient_norm:8.4f} | tokens/s {tokens_per_second:9.0f}"
+    )
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class RunRecord:
+    """run.json: the config plus how far the run got, rewritten atomically so it is never partial.
+
+    In a drill the config saved here has its incident replaced by "hidden"; the truth is sealed
+    elsewhere (see `runwatch.drill`).
+    """
+
+    def __init__(self, path: Path, cfg: TrainConfig, public_cfg: TrainConfig):
+        self.path = Path(path)
+        self.data = {
+            "config": json.loads(public_cfg.to_json()),
+            "run_id": cfg.label,
+            "status": "running",
+            "started_at": _now(),
+            "ended_at": None,
+            "last_step": None,
+        }
+
+    def save(self, **changes: object) -> None:
+        self.data.update(changes)
+        write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+
+
+def run_live(
+    cfg: TrainConfig,
+    metrics: TrainerMetrics,
+    record: RunRecord,
+    fast_forward: int = 0,
+    stop: threading.Event | None = None,
+    log: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Train every step of cfg paced, publishing to metrics; return the final status.
+
+    The status is "completed", or "interrupted" when stop is set or Ctrl-C arrives. Either way
+    run.json is rewritten whole with the last step.
+    """
+    stop = stop or threading.Event()
+    trainer = Trainer(cfg)
+    last = None
+    record.save()
+    try:
+        # --- fast-forward: unpaced, unpublished, but its tokens still count ---
+        while trainer.next_step < min(fast_forward, cfg.steps):
+            last = trainer.step()
+            metrics.add_tokens(last.tokens)
+        if last is not None:
+            log(f"fast-forwarded to step {trainer.next_step} (no Prometheus history before it)")
+        # --- live: one step per lab second, published as it completes ---
+        while not trainer.done and not stop.is_set():
+            t0 = clock()
+            rec = trainer.step()
+            remaining = rec.duration_seconds - (clock() - t0)
+            if remaining > 0:
+                sleep(remaining)
+            wall = clock() - t0
+            tps = rec.tokens / wall
+            metrics.observe(rec, tps, wall_seconds=wall)
+            last = rec
+            if rec.step % LOG_EVERY == 0:
+                log(log_line(rec, tps))
+        status = "completed" if trainer.done else "interrupted"
+    except KeyboardInterrupt:
+        status = "interrupted"
+    record.save(status=status, ended_at=_now(), last_step=None if last is None else last.step)
+    return status

@@ -1,0 +1,100 @@
+"""Whole runs at full speed, written as timestamped OpenMetrics text for promtool to backfill.
+
+The file holds what a 1 s scrape of the live exporter would have stored: the same metric
+names and `run_id` label, plus the target labels `job="trainer"` and one `instance` per run,
+and `up` = 1. Step s is stamped at the end of step s on the lab clock (start + the simulated
+device time of steps 0..s), so slow-node steps are 1/0.7 s apart. The step-duration histogram
+is left out; tokens per second carries the same information.
+
+Not for live runs: `trainer.live` paces and exports.
+
+    >>> runs = [simulate(TrainConfig(incident="slow_node", seed=1))]
+    >>> with open("run.om", "w") as fh:
+    ...     write_openmetrics(runs, fh)
+    # then: promtool tsdb create-blocks-from openmetrics run.om data/
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TextIO
+
+from exporter import metrics as m
+from trainer.config import TrainConfig
+from trainer.run import StepRecord, Trainer
+
+# 2026-01-01T00:00:00Z: a fixed start keeps offline files reproducible byte for byte.
+DEFAULT_START = 1767225600.0
+
+
+@dataclass(frozen=True)
+class OfflineRun:
+    cfg: TrainConfig
+    records: list[StepRecord]
+    start: float = DEFAULT_START
+
+    @property
+    def labels(self) -> str:
+        return f'job="trainer",instance="offline/{self.cfg.label}",run_id="{self.cfg.label}"'
+
+    def step_time(self, i: int) -> float:
+        """Unix time at which step i's sample is stamped."""
+        return self.start + self.records[i].lab_time
+
+
+def simulate(cfg: TrainConfig, start: float = DEFAULT_START) -> OfflineRun:
+    """Train every step of cfg unpaced and keep the records."""
+    return OfflineRun(cfg, Trainer(cfg).run(), start)
+
+
+def _fmt(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    return repr(float(v))
+
+
+def _families(run: OfflineRun) -> dict[str, tuple[str, str, list[float]]]:
+    """name -> (type, labels, one value per step) for one run."""
+    recs, cfg = run.records, run.cfg
+    tokens, cum = [], 0
+    for r in recs:
+        cum += r.tokens
+        tokens.append(float(cum))
+    fam = {
+        m.STEP: ("gauge", run.labels, [float(r.step) for r in recs]),
+        m.LOSS: ("gauge", run.labels, [r.loss for r in recs]),
+        m.HELDOUT_LOSS: ("gauge", run.labels, [r.heldout_loss for r in recs]),
+        m.GRADIENT_NORM: ("gauge", run.labels, [r.gradient_norm for r in recs]),
+        m.TOKENS_PER_SECOND: ("gauge", run.labels, [r.tokens_per_second for r in recs]),
+        m.TOKENS: ("counter", run.labels, tokens),
+        "up": ("gauge", f'job="trainer",instance="offline/{cfg.label}"', [1.0] * len(recs)),
+    }
+    info_incident = m.HIDDEN if cfg.drill else cfg.incident
+    fam[m.RUN_INFO] = ("gauge", f'{run.labels},seed="{cfg.seed}",incident="{info_incident}"', [1.0] * len(recs))
+    if not cfg.drill:
+        fam[m.LEARNING_RATE] = ("gauge", run.labels, [r.lr for r in recs])
+        fam[m.INCIDENT_ACTIVE] = ("gauge", run.labels, [1.0 if r.incident_active else 0.0 for r in recs])
+    return fam
+
+
+def write_openmetrics(runs: list[OfflineRun], fh: TextIO) -> int:
+    """Write every run as one OpenMetrics exposition; return the number of samples written.
+
+    OpenMetrics wants each family's samples together, so families are the outer loop.
+    """
+    per_run = [_families(r) for r in runs]
+    names = list(per_run[0]) if per_run else []
+    count = 0
+    for name in names:
+        kind = per_run[0][name][0]
+        help_text = m.HELP.get(name, "1 if the target was scraped successfully.")
+        fh.write(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+        sample = f"{name}_total" if kind == "counter" else name
+        for run, fams in zip(runs, per_run, strict=True):
+            _, labels, values = fams[name]
+            lines = [f"{sample}{{{labels}}} {_fmt(v)} {run.step_time(i):.3f}\n" for i, v in enumerate(values)]
+            fh.writelines(lines)
+            count += len(lines)
+    fh.write("# EOF\n")
+    return count
