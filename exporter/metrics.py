@@ -83,6 +83,7 @@ class TrainerMetrics(Collector):
         self._tokens = 0
         self._buckets = [0] * (len(STEP_DURATION_BUCKETS) + 1)  # the last one is +Inf
         self._duration_sum = 0.0
+        self._finished = False
         self.registry.register(self)
 
     def observe(self, rec: StepRecord, tokens_per_second: float, wall_seconds: float | None = None) -> None:
@@ -95,6 +96,15 @@ class TrainerMetrics(Collector):
             self._buckets[bisect.bisect_left(STEP_DURATION_BUCKETS, seconds)] += 1
             self._duration_sum += seconds
 
+    def finish(self) -> None:
+        """The run is over: stop publishing per-step series, so Prometheus marks them stale.
+
+        Alerts on a finished run then resolve instead of judging its last values forever.
+        run_info, the token counter and the step-duration histogram stay.
+        """
+        with self._lock:
+            self._finished = True
+
     def add_tokens(self, tokens: int) -> None:
         """Count tokens processed without publishing a step (the fast-forwarded prefix)."""
         with self._lock:
@@ -104,6 +114,7 @@ class TrainerMetrics(Collector):
         with self._lock:
             rec, tps, tokens = self._last, self._tokens_per_second, self._tokens
             buckets, duration_sum = list(self._buckets), self._duration_sum
+            finished = self._finished
         run = [self.run_id]
 
         def gauge(name: str, value: float) -> GaugeMetricFamily:
@@ -117,7 +128,12 @@ class TrainerMetrics(Collector):
         counter = CounterMetricFamily(TOKENS, HELP[TOKENS], labels=["run_id"])
         counter.add_metric(run, tokens)
         yield counter
-        if rec is None:  # nothing trained yet: no step to report
+        hist = HistogramMetricFamily(STEP_DURATION, HELP[STEP_DURATION], labels=["run_id"])
+        cumulative = list(itertools.accumulate(buckets))
+        bounds = [str(b) for b in STEP_DURATION_BUCKETS] + ["+Inf"]
+        hist.add_metric(run, list(zip(bounds, cumulative, strict=True)), duration_sum)
+        yield hist
+        if rec is None or finished:  # nothing trained yet, or the run is over
             return
         yield gauge(STEP, rec.step)
         yield gauge(LOSS, rec.loss)
@@ -127,8 +143,3 @@ class TrainerMetrics(Collector):
         if not self.drill:
             yield gauge(LEARNING_RATE, rec.lr)
             yield gauge(INCIDENT_ACTIVE, 1 if rec.incident_active else 0)
-        hist = HistogramMetricFamily(STEP_DURATION, HELP[STEP_DURATION], labels=["run_id"])
-        cumulative = list(itertools.accumulate(buckets))
-        bounds = [str(b) for b in STEP_DURATION_BUCKETS] + ["+Inf"]
-        hist.add_metric(run, list(zip(bounds, cumulative, strict=True)), duration_sum)
-        yield hist

@@ -5,7 +5,7 @@ import pytest
 
 from trainer import model
 from trainer.config import TrainConfig
-from trainer.run import Trainer, get_batch, step_duration
+from trainer.run import Trainer, get_batch, step_durations
 
 
 def test_gradient_matches_finite_differences():
@@ -55,6 +55,25 @@ def test_incident_runs_share_the_healthy_prefix():
         assert [r.loss for r in run[:300]] == [r.loss for r in healthy[:300]], incident
 
 
+def test_fork_at_the_onset_equals_a_fresh_run():
+    prefix = Trainer(TrainConfig(seed=6))
+    for _ in range(300):
+        prefix.step()
+    for incident in ["lr_spike", "corrupt_shard", "repeated_batch", "slow_node"]:
+        cfg = TrainConfig(incident=incident, seed=6)
+        assert prefix.fork(cfg).run() == Trainer(cfg).run()[300:], incident
+
+
+def test_fork_refuses_another_seed_or_a_step_past_the_onset():
+    t = Trainer(TrainConfig(seed=1))
+    with pytest.raises(ValueError, match="only in their incident"):
+        t.fork(TrainConfig(seed=2, incident="lr_spike"))
+    for _ in range(301):
+        t.step()
+    with pytest.raises(ValueError, match="past the onset"):
+        t.fork(TrainConfig(seed=1, incident="lr_spike"))
+
+
 def test_repeated_batch_feeds_the_onsets_batch():
     cfg = TrainConfig(incident="repeated_batch")
     means = model.class_means(cfg)
@@ -77,7 +96,7 @@ def test_corrupt_shard_shuffles_labels_only_in_its_window():
 
 def test_step_duration_jitter_and_slow_node():
     cfg = TrainConfig(incident="slow_node")
-    before = np.array([step_duration(cfg, s) for s in range(300)])
-    after = np.array([step_duration(cfg, s) for s in range(300, 600)])
+    durations = step_durations(cfg)
+    before, after = durations[:300], durations[300:]
     assert np.std(np.log(before)) == pytest.approx(0.02, rel=0.2)
     assert np.median(after) / np.median(before) == pytest.approx(1 / 0.7, rel=0.02)

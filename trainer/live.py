@@ -98,6 +98,8 @@ def run_live(
             if rec.step % LOG_EVERY == 0:
                 log(log_line(rec, tps))
         status = "completed" if trainer.done else "interrupted"
+        if trainer.done:
+            metrics.finish()
     except KeyboardInterrupt:
         status = "interrupted"
     record.save(status=status, ended_at=_now(), last_step=None if last is None else last.step)

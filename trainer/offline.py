@@ -78,13 +78,20 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, str, list[float]]]:
     return fam
 
 
-def write_openmetrics(runs: list[OfflineRun], fh: TextIO) -> int:
+FAMILIES = (
+    m.STEP, m.LOSS, m.HELDOUT_LOSS, m.GRADIENT_NORM, m.TOKENS_PER_SECOND, m.TOKENS, "up", m.RUN_INFO,
+    m.LEARNING_RATE, m.INCIDENT_ACTIVE,
+)  # fmt: skip
+
+
+def write_openmetrics(runs: list[OfflineRun], fh: TextIO, families: set[str] | None = None) -> int:
     """Write every run as one OpenMetrics exposition; return the number of samples written.
 
-    OpenMetrics wants each family's samples together, so families are the outer loop.
+    `families` limits the file to those metric families (the backtest loads only what its
+    rules read). OpenMetrics wants each family's samples together, so families are the outer loop.
     """
     per_run = [_families(r) for r in runs]
-    names = list(per_run[0]) if per_run else []
+    names = [n for n in (per_run[0] if per_run else []) if families is None or n in families]
     count = 0
     for name in names:
         kind = per_run[0][name][0]

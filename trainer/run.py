@@ -14,6 +14,8 @@ This module does no sleeping and no exporting; `trainer.live` and `trainer.offli
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,11 +68,14 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
     return cfg.lr
 
 
-def step_duration(cfg: TrainConfig, step: int) -> float:
-    """Device seconds for one step: nominal, times lognormal jitter, slower on a slow node."""
-    seconds = cfg.step_seconds * float(_rng(cfg, _JITTER, step).lognormal(0.0, cfg.jitter_sigma))
-    if cfg.incident == "slow_node" and incident_active(cfg, step):
-        seconds /= cfg.slow_factor
+def step_durations(cfg: TrainConfig) -> np.ndarray:
+    """Device seconds for every step: nominal, times lognormal jitter, slower on a slow node.
+
+    Drawn in one go from the run's jitter stream, so the jitter does not depend on the incident.
+    """
+    seconds = cfg.step_seconds * _rng(cfg, _JITTER).lognormal(0.0, cfg.jitter_sigma, size=cfg.steps)
+    if cfg.incident == "slow_node":
+        seconds[cfg.onset :] /= cfg.slow_factor
     return seconds
 
 
@@ -96,6 +101,7 @@ class Trainer:
         self.cfg = cfg
         self.means = model.class_means(cfg)
         self.heldout = model.sample(_rng(cfg, _HELDOUT), self.means, cfg.heldout_size, cfg.noise)
+        self.durations = step_durations(cfg)
         self.w = np.zeros((cfg.features, cfg.classes))
         self.b = np.zeros(cfg.classes)
         self.next_step = 0
@@ -120,7 +126,7 @@ class Trainer:
         self.w -= lr * g_w
         self.b -= lr * g_b
         # --- the clock ---
-        duration = step_duration(cfg, s)
+        duration = float(self.durations[s])
         self.lab_time += duration
         self.next_step += 1
         return StepRecord(
@@ -134,6 +140,22 @@ class Trainer:
             incident_active=incident_active(cfg, s),
             lab_time=self.lab_time,
         )
+
+    def fork(self, cfg: TrainConfig) -> Trainer:
+        """A copy of this trainer that goes on under cfg, which may differ only in its incident.
+
+        Before the onset every incident trains exactly as the healthy run does, so a backtest
+        trains the shared prefix once per seed and forks it for each incident.
+        """
+        cfg.validate()
+        if dataclasses.replace(cfg, incident=self.cfg.incident) != self.cfg:
+            raise ValueError("fork: the configs may differ only in their incident")
+        if self.next_step > cfg.onset:
+            raise ValueError(f"fork: step {self.next_step} is past the onset {cfg.onset}")
+        other = copy.deepcopy(self)
+        other.cfg = cfg
+        other.durations = step_durations(cfg)
+        return other
 
     def run(self) -> list[StepRecord]:
         """Every remaining step, unpaced."""

@@ -1,0 +1,436 @@
+"""`runwatch backtest`: every seed x incident through a real Prometheus, read like the plate.
+
+    runwatch backtest --seeds 100-199 [--rules DIR] [--json FILE]
+
+1. Trains every seed offline: the healthy prefix once per seed, forked at the onset into each
+   incident (the prefix is identical bit for bit, see trainer.run.Trainer.fork).
+2. Writes the runs as OpenMetrics and loads them into a fresh TSDB with
+   `promtool tsdb create-blocks-from openmetrics`, in parallel chunks.
+3. Starts a throwaway Prometheus over it (loopback, free port, retention 100y) and backfills,
+   with `promtool tsdb create-blocks-from rules` at a 1 s interval, the recording rules and
+   then each alerting rule's own `expr` (as `backtest:alert_N:condition`), restarting
+   Prometheus after each pass so the next pass reads what the last one wrote. Every pass uses
+   the same group name and file, so all of them evaluate on the same sub-second phase, as the
+   rules of one group do in a live Prometheus.
+4. Reads each alert on that same 1 s grid. `for: D` is honoured in PromQL: an alert fires at T
+   when its condition held at every evaluation in [T-D, T],
+   `count_over_time(backtest:alert_N:condition[D + 0.5s]) >= D/1s + 1`.
+5. Reads each run's step at the first firing evaluation, and compares with the plate.
+
+Python only starts, feeds, queries and reports; Prometheus evaluates every expression.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from exporter.metrics import STEP
+from runwatch import plate
+from runwatch.cli import Command, UsageError
+from runwatch.paths import Layout, binary
+from runwatch.promserver import Process, free_port, query_range
+from trainer.config import TrainConfig
+from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, write_openmetrics
+from trainer.run import Trainer
+
+RETENTION = "100y"  # the runs are stamped in 2026-01; a short retention would delete them
+
+
+# --- input ---
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-99' or '3,5,10-12' -> sorted unique seeds; UsageError naming --seeds otherwise."""
+    seeds: set[int] = set()
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m:
+            raise UsageError(f"--seeds: expected a range like 0-99 or a list like 1,2,5-7, got {text!r}")
+        lo, hi = int(m[1]), int(m[2] or m[1])
+        if hi < lo:
+            raise UsageError(f"--seeds: range {lo}-{hi} runs backwards")
+        seeds.update(range(lo, hi + 1))
+    return sorted(seeds)
+
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def duration_seconds(text: str) -> float:
+    """A Prometheus duration such as '10s' or '1m30s', in seconds."""
+    parts = _DURATION.findall(text or "0s")
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return 0.0 if text in ("", "0") else float("nan")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+@dataclass
+class Rules:
+    """The rules of a directory, split as the backtest needs them."""
+
+    files: list[Path]
+    recording: list[dict] = field(default_factory=list)  # {"record", "expr", ...}
+    alerting: list[dict] = field(default_factory=list)  # {"alert", "expr", "for", ...}
+
+
+def load_rules(rules_dir: Path, promtool: str) -> Rules:
+    files = sorted(rules_dir.glob("*.yml")) + sorted(rules_dir.glob("*.yaml"))
+    if not files:
+        raise UsageError(f"--rules: no .yml rule files in {rules_dir}")
+    proc = subprocess.run([promtool, "check", "rules", *map(str, files)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise UsageError(f"--rules: promtool check rules refused {rules_dir}:\n{(proc.stdout + proc.stderr).strip()}")
+    rules = Rules(files)
+    for f in files:
+        for group in (yaml.safe_load(f.read_text()) or {}).get("groups", []):
+            for rule in group.get("rules", []):
+                (rules.recording if "record" in rule else rules.alerting).append(rule)
+    return rules
+
+
+def recording_levels(recording: list[dict]) -> list[list[dict]]:
+    """Recording rules in backfill passes: a rule that reads another recorded series waits for it."""
+    names = {r["record"] for r in recording}
+    done: set[str] = set()
+    levels, left = [], list(recording)
+    while left:
+        ready = [r for r in left if not ({n for n in names if n in r["expr"]} - done - {r["record"]})]
+        if not ready:  # a cycle: backfill the rest together and let Prometheus say what is missing
+            ready = left
+        levels.append(ready)
+        done |= {r["record"] for r in ready}
+        left = [r for r in left if r not in ready]
+    return levels
+
+
+# --- 1-2: simulate and load ---
+
+
+def families_read(rules: Rules) -> set[str]:
+    """The trainer's metric families that some rule mentions, plus the step (for readouts) and up."""
+    exprs = " ".join(r["expr"] for r in rules.recording + rules.alerting)
+    return {f for f in FAMILIES if f in exprs} | {STEP, "up"}
+
+
+def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, str, str, set[str]]) -> tuple[list[dict], int]:
+    """Worker: train a chunk of seeds, write one OpenMetrics file, backfill it into data_dir."""
+    seeds, incidents, om_path, data_dir, promtool, families = args
+    runs, meta = [], []
+    for seed in seeds:
+        prefix = Trainer(TrainConfig(seed=seed))
+        head = [prefix.step() for _ in range(prefix.cfg.onset)]
+        for incident in incidents:
+            cfg = TrainConfig(incident=incident, seed=seed)
+            run = OfflineRun(cfg, head + prefix.fork(cfg).run())
+            runs.append(run)
+            last = run.records[-1]
+            meta.append({"incident": incident, "seed": seed, "run_id": cfg.label, "end": run.step_time(last.step)})
+    with open(om_path, "w") as fh:
+        samples = write_openmetrics(runs, fh, families)
+    proc = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", om_path, data_dir], capture_output=True, text=True
+    )
+    os.unlink(om_path)
+    if proc.returncode != 0:
+        raise RuntimeError(f"promtool create-blocks-from openmetrics failed: {proc.stderr.strip()[-500:]}")
+    return meta, samples
+
+
+# --- 3-5: evaluate ---
+
+
+def condition_name(i: int) -> str:
+    return f"backtest:alert_{i}:condition"
+
+
+def firing_query(i: int, rule: dict) -> str:
+    """PromQL over the backfilled condition: firing at T when it held for the rule's `for`."""
+    hold = duration_seconds(str(rule.get("for", "0s")))
+    if hold != hold:  # NaN: promtool accepted it, so this parser is the one that is wrong
+        raise UsageError(f"--rules: cannot read for: {rule.get('for')!r} of alert {rule['alert']}")
+    n = int(round(hold))  # evaluations are 1 s apart
+    return f"count_over_time({condition_name(i)}[{n * 1000 + 500}ms]) >= {n + 1}"
+
+
+def run_of(metric: dict, run_ids: set[str]) -> str | None:
+    """Which run a firing series belongs to: its run_id, else its offline instance."""
+    if metric.get("run_id") in run_ids:
+        return metric["run_id"]
+    inst = metric.get("instance", "")
+    return inst.removeprefix("offline/") if inst.removeprefix("offline/") in run_ids else None
+
+
+@dataclass
+class Result:
+    runs: list[dict]  # {"incident", "seed", "run_id", "first_fire": {alert: step | None}}
+    unattributed: dict[str, int]  # alert -> firing series that belong to no run
+    alerts: list[str]
+    seconds: dict[str, float]
+    samples: int
+
+
+class Progress:
+    def __init__(self, stream=sys.stderr):
+        self.stream, self.tty = stream, stream.isatty()
+
+    def __call__(self, text: str, done: bool = True) -> None:
+        end = "\n" if (done or not self.tty) else "\r"
+        print(f"backtest: {text}".ljust(60), end=end, file=self.stream, flush=True)
+
+
+def backtest(
+    seeds: list[int],
+    rules_dir: Path,
+    incidents: tuple[str, ...] = plate.INCIDENTS,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> Result:
+    progress = progress or Progress()
+    promtool, prometheus = binary("promtool"), binary("prometheus")
+    rules = load_rules(rules_dir, promtool)
+    workers = workers or os.cpu_count() or 1
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="runwatch-backtest-") as tmp:
+        tmpdir, data = Path(tmp), str(Path(tmp) / "data")
+        # --- 1-2: train and load, in parallel chunks ---
+        t0 = time.perf_counter()
+        n_chunks = max(1, min(len(seeds), 2 * workers))
+        chunks = [seeds[i::n_chunks] for i in range(n_chunks)]
+        families = families_read(rules)
+        jobs = [(c, incidents, str(tmpdir / f"chunk{i}.om"), data, promtool, families) for i, c in enumerate(chunks)]
+        meta, samples = [], 0
+        with ProcessPoolExecutor(workers) as pool:
+            for i, (m, n) in enumerate(pool.map(_simulate_chunk, jobs), 1):
+                meta += m
+                samples += n
+                progress(f"trained and loaded {i}/{n_chunks} chunks ({len(meta)} runs)", done=i == n_chunks)
+        timings["train_and_load"] = time.perf_counter() - t0
+
+        start, end = DEFAULT_START, float(int(max(m["end"] for m in meta)) + 2)
+        (tmpdir / "prometheus.yml").write_text("global: {}\n")
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        argv = [
+            prometheus,
+            f"--config.file={tmpdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={data}",
+            f"--storage.tsdb.retention.time={RETENTION}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            # Backfilled data carries no staleness markers; a 3 s lookback lets a run's series
+            # vanish when it ends, as staleness makes them vanish in the live lab.
+            "--query.lookback-delta=3s",
+        ]
+        log = tmpdir / "prometheus.log"
+
+        # --- 3: recording rules, then the alerts' conditions, pass by pass at one phase ---
+        t0 = time.perf_counter()
+        conditions = [{"record": condition_name(i), "expr": r["expr"]} for i, r in enumerate(rules.alerting)]
+        levels = recording_levels(rules.recording + conditions)
+        # One group name and one relative file name: Prometheus derives a group's sub-second
+        # evaluation phase from both, so every pass, and every backtest, shares one phase.
+        pass_file = tmpdir / "backfill.yml"
+        for i, level in enumerate(levels, 1):
+            pass_file.write_text(yaml.safe_dump({"groups": [{"name": "backfill", "rules": level}]}))
+            with Process(argv, f"{base}/-/ready", log):
+                progress(f"backfilling {len(level)} rules (pass {i}/{len(levels)})")
+                proc = subprocess.run(
+                    [promtool, "tsdb", "create-blocks-from", "rules", f"--start={int(start)}", f"--end={int(end)}",
+                     f"--url={base}", "--eval-interval=1s", f"--output-dir={data}", pass_file.name],
+                    capture_output=True, text=True, cwd=tmpdir,
+                )  # fmt: skip
+                if proc.returncode != 0:
+                    raise RuntimeError(f"promtool create-blocks-from rules failed: {proc.stderr.strip()[-500:]}")
+        timings["backfill_rules"] = time.perf_counter() - t0
+
+        # --- 4-5: each alert on the passes' own grid, and the step at its first firing ---
+        t0 = time.perf_counter()
+        run_ids = {m["run_id"] for m in meta}
+        first: dict[str, dict[str, float]] = {m["run_id"]: {} for m in meta}  # run -> alert -> time
+        unattributed: dict[str, int] = {}
+        alerts = list(dict.fromkeys(r["alert"] for r in rules.alerting))
+        with Process(argv, f"{base}/-/ready", log):
+            grid = _grid_start(base, levels[0][0]["record"], start, end)
+            for i, rule in enumerate(rules.alerting):
+                progress(f"reading {rule['alert']} ({i + 1}/{len(rules.alerting)})", done=i + 1 == len(rules.alerting))
+                for series in query_range(base, firing_query(i, rule), grid, end):
+                    run = run_of(series["metric"], run_ids)
+                    if run is None:
+                        unattributed[rule["alert"]] = unattributed.get(rule["alert"], 0) + 1
+                        continue
+                    t = float(series["values"][0][0])
+                    prev = first[run].get(rule["alert"])
+                    first[run][rule["alert"]] = t if prev is None else min(prev, t)
+            step_at = {
+                s["metric"].get("run_id"): {float(t): int(float(v)) for t, v in s["values"]}
+                for s in query_range(base, "runwatch_train_step", grid, end)
+            }
+        timings["alerts"] = time.perf_counter() - t0
+
+    runs = []
+    for m in sorted(meta, key=lambda m: (plate.INCIDENTS.index(m["incident"]), m["seed"])):
+        fires = first[m["run_id"]]
+        steps = {a: (step_at[m["run_id"]][fires[a]] if a in fires else None) for a in alerts}
+        runs.append({**{k: m[k] for k in ("incident", "seed", "run_id")}, "first_fire": steps})
+    return Result(runs, unattributed, alerts, timings, samples)
+
+
+def _grid_start(base: str, recorded: str, start: float, end: float) -> float:
+    """The first evaluation time of the backfill passes: start plus their sub-second phase."""
+    found = query_range(base, f"timestamp({recorded})", start, end, 60.0)
+    stamps = [float(v) for s in found for _, v in s["values"]]
+    if not stamps:
+        return start  # the last pass recorded nothing: no alert ever held, any grid will do
+    return start + (min(stamps) - start) % 1.0
+
+
+# --- reporting ---
+
+
+def summarise(result: Result) -> dict:
+    """Per incident and alert: how many runs fired and where; signature matches; false alarms."""
+    summary: dict = {
+        "incidents": {},
+        "false_alarms": [],  # fired where the plate says the alert stays silent
+        "off_steps": [],  # fired, but outside the plate's steps
+        "missed": [],  # never fired where the plate says it does
+        "unattributed_firings": result.unattributed,
+    }
+    for incident in plate.INCIDENTS:
+        runs = [r for r in result.runs if r["incident"] == incident]
+        if not runs:
+            continue
+        cells = {}
+        for alert in result.alerts:
+            steps = [r["first_fire"][alert] for r in runs if r["first_fire"][alert] is not None]
+            expect = plate.expectation(incident, alert)
+            cells[alert] = {
+                "fired": len(steps),
+                "runs": len(runs),
+                "median": statistics.median(steps) if steps else None,
+                "min": min(steps) if steps else None,
+                "max": max(steps) if steps else None,
+                "plate": plate.PLATE_READOUTS[incident].get(alert),
+                "expect": expect.describe() if expect else None,
+                "met": sum(expect.met(r["first_fire"][alert]) for r in runs) if expect else None,
+            }
+        matched = sum(
+            all(e.met(r["first_fire"].get(a)) for a, e in plate.SIGNATURES[incident].items() if a in result.alerts)
+            and all(r["first_fire"][a] is None for a in result.alerts if incident == "none")
+            for r in runs
+        )
+        summary["incidents"][incident] = {"runs": len(runs), "signature_matched": matched, "alerts": cells}
+        for r in runs:
+            for alert, step in r["first_fire"].items():
+                expect = plate.expectation(incident, alert)
+                if expect is None or expect.met(step):
+                    continue
+                kind = "missed" if step is None else "off_steps" if expect.fires else "false_alarms"
+                summary[kind].append(
+                    {
+                        "incident": incident,
+                        "seed": r["seed"],
+                        "alert": alert,
+                        "step": step,
+                        "expected": expect.describe(),
+                    }
+                )
+    summary["seconds"] = {k: round(v, 1) for k, v in result.seconds.items()}
+    summary["samples"] = result.samples
+    return summary
+
+
+def _cell(c: dict) -> str:
+    if not c["fired"]:
+        ours = "-"
+    elif c["min"] == c["max"]:
+        ours = f"{c['median']:g}"
+    else:
+        ours = f"{c['median']:g} ({c['min']}-{c['max']})"
+    if c["fired"] not in (0, c["runs"]):
+        ours += f" {c['fired']}/{c['runs']}"
+    plate_ = "-" if c["plate"] is None else str(c["plate"])
+    return f"{ours} [{plate_}]"
+
+
+def report(summary: dict, alerts: list[str]) -> str:
+    """The readout table: first-fire step, median (range) over seeds, the plate's in brackets."""
+    width = max(22, *(len(a) + 2 for a in alerts))
+    lines = ["first-fire step: median (min-max) over seeds [the plate's readout]", ""]
+    lines.append("incident".ljust(16) + "".join(a.ljust(width) for a in alerts) + "signature")
+    for incident, inc in summary["incidents"].items():
+        row = incident.ljust(16) + "".join(_cell(inc["alerts"][a]).ljust(width) for a in alerts)
+        lines.append(row + f"{inc['signature_matched']}/{inc['runs']}")
+    lines.append("")
+    for kind, title in [
+        ("false_alarms", "false alarms (fired where the plate says silent)"),
+        ("off_steps", "off the plate's steps"),
+        ("missed", "missed (never fired where the plate says it does)"),
+    ]:
+        found = summary[kind]
+        lines.append(f"{title}: {len(found)}")
+        lines += [
+            f"  {f['incident']} seed {f['seed']}: {f['alert']} at step {f['step']} ({f['expected']})" for f in found
+        ]
+    for alert, n in summary["unattributed_firings"].items():
+        lines.append(f"  {alert}: {n} firing series carry no run_id or instance (rule aggregates them away)")
+    return "\n".join(lines)
+
+
+# --- command line ---
+
+
+def add_arguments(p: argparse.ArgumentParser) -> Command:
+    p.add_argument("--seeds", default="100-199", help="seeds to run, e.g. 0-99 or 1,2,5-7 (default 100-199)")
+    p.add_argument("--rules", type=Path, default=None, help="rules directory (default prometheus/rules)")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument(
+        "--incidents", default=",".join(plate.INCIDENTS), help="comma-separated incidents (default: all five)"
+    )
+    p.add_argument("--workers", type=int, default=None, help="training processes (default: one per core)")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    seeds = parse_seeds(args.seeds)
+    incidents = tuple(i.strip() for i in args.incidents.split(",") if i.strip())
+    unknown = [i for i in incidents if i not in plate.INCIDENTS]
+    if unknown:
+        raise UsageError(f"--incidents: unknown incident {unknown[0]!r}; choose from {', '.join(plate.INCIDENTS)}")
+    rules_dir = args.rules or Layout().rules_dir
+    if not rules_dir.is_dir():
+        raise UsageError(f"--rules: {rules_dir} is not a directory")
+    if args.json is not None and not (args.json.parent.is_dir() and os.access(args.json.parent, os.W_OK)):
+        raise UsageError(f"--json: cannot write {args.json}: its directory does not exist or is not writable")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers: must be at least 1, got {args.workers}")
+    # SIGTERM as well as Ctrl-C unwinds through the finally blocks that stop Prometheus.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    t0 = time.perf_counter()
+    result = backtest(seeds, rules_dir, incidents, args.workers)
+    wall = time.perf_counter() - t0
+    summary = summarise(result)
+    summary["seconds"]["total"] = round(wall, 1)
+    print(report(summary, result.alerts))
+    print(f"\n{len(result.runs)} runs ({len(seeds)} seeds x {len(incidents)} incidents), "
+          f"{result.samples:,} samples, in {wall:.1f}s")  # fmt: skip
+    if args.json is not None:
+        doc = {"runs": result.runs, "summary": summary}
+        tmp = args.json.with_name(f".{args.json.name}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, args.json)
+    return 0

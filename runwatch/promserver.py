@@ -1,0 +1,114 @@
+"""Start and stop a real Prometheus (or Alertmanager) process and talk to its HTTP API.
+
+Not a mock: these are the Debian or upstream binaries, on a loopback port. Use `Process` as a
+context manager so the process is stopped on every way out, Ctrl-C included.
+
+    >>> with Process([binary("prometheus"), "--config.file=p.yml", ...], ready_url) as proc:
+    ...     instant(proc_url, "up")
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+
+class ProcessError(RuntimeError):
+    """A server that would not start; the message carries the tail of its log."""
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None) -> bool:
+    """Poll url until it answers 200; False on timeout or if proc exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return True
+        except requests.RequestException:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+class Process:
+    """A child server process, logged to a file, stopped with SIGTERM (then SIGKILL) on exit."""
+
+    def __init__(self, argv: list[str], ready_url: str, log_path: Path, timeout: float = 30.0):
+        self.argv, self.ready_url, self.log_path, self.timeout = argv, ready_url, Path(log_path), timeout
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Process:
+        log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
+        self._log = log
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if not wait_ready(self.ready_url, self.timeout, self.proc):
+            self.stop()
+            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-5:]
+            raise ProcessError(f"{Path(self.argv[0]).name} did not become ready: " + " | ".join(tail))
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Process:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class PromQLError(RuntimeError):
+    """Prometheus refused a query; the message is Prometheus's."""
+
+
+def _api(base: str, path: str, params: dict) -> dict:
+    resp = requests.post(f"{base}/api/v1/{path}", data=params, timeout=120)
+    body = resp.json()
+    if body.get("status") != "success":
+        raise PromQLError(
+            f"{body.get('errorType', 'error')}: {body.get('error', resp.text)} (query: {params['query']})"
+        )
+    return body["data"]
+
+
+def query_range(base: str, query: str, start: float, end: float, step: float = 1.0) -> list[dict]:
+    """The matrix result of a range query: [{"metric": {...}, "values": [[t, "v"], ...]}, ...]."""
+    return _api(base, "query_range", {"query": query, "start": start, "end": end, "step": step})["result"]
+
+
+def instant(base: str, query: str, time_: float | None = None) -> list[dict]:
+    params = {"query": query}
+    if time_ is not None:
+        params["time"] = time_
+    return _api(base, "query", params)["result"]

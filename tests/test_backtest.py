@@ -1,0 +1,132 @@
+"""`runwatch backtest` through a real Prometheus: the plate's signatures, its output, its failures."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runwatch.backtest import duration_seconds, parse_seeds
+from runwatch.cli import UsageError
+from runwatch.paths import REPO
+
+
+def backtest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runwatch", "backtest", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def prometheus_leftovers() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "runwatch-backtest-"], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if "prometheus" in ln and "pgrep" not in ln]
+
+
+@pytest.fixture(scope="module")
+def three_seeds(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("bt")
+    res = backtest("--seeds", "0-2", "--json", str(tmp / "bt.json"), cwd=tmp)
+    assert res.returncode == 0, res.stderr
+    return {"stdout": res.stdout, "stderr": res.stderr, "doc": json.loads((tmp / "bt.json").read_text())}
+
+
+def first_fires(doc: dict, incident: str, alert: str) -> list:
+    return [r["first_fire"][alert] for r in doc["runs"] if r["incident"] == incident]
+
+
+def test_the_plates_signatures(three_seeds):
+    doc = three_seeds["doc"]
+    inc = doc["summary"]["incidents"]
+    assert {k: v["signature_matched"] for k, v in inc.items()} == {i: 3 for i in inc}
+    assert all(s in (300, 301) for s in first_fires(doc, "corrupt_shard", "TrainingLossJump"))
+    assert all(s in (300, 301) for s in first_fires(doc, "corrupt_shard", "GradientNormJump"))
+    assert all(300 <= s <= 302 for s in first_fires(doc, "lr_spike", "TrainingLossJump"))
+    assert all(300 <= s <= 339 for s in first_fires(doc, "repeated_batch", "HeldOutGap"))
+    assert all(360 <= s <= 365 for s in first_fires(doc, "repeated_batch", "TrainingLossJump"))
+    assert all(300 <= s <= 302 for s in first_fires(doc, "slow_node", "ThroughputDrop"))
+    for alert in ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop", "TrainerDown"):
+        assert first_fires(doc, "none", alert) == [None, None, None]
+    assert doc["summary"]["false_alarms"] == []
+
+
+def test_json_shape(three_seeds):
+    runs = three_seeds["doc"]["runs"]
+    assert len(runs) == 15
+    for r in runs:
+        assert set(r) == {"incident", "seed", "run_id", "first_fire"}
+        assert all(v is None or type(v) is int for v in r["first_fire"].values())
+
+
+def test_report_and_progress(three_seeds):
+    assert "corrupt_shard   300" in three_seeds["stdout"]
+    assert "[300]" in three_seeds["stdout"]  # the plate's readout beside ours
+    assert "15 runs (3 seeds x 5 incidents)" in three_seeds["stdout"]
+    assert "trained and loaded" in three_seeds["stderr"] and "reading HeldOutGap" in three_seeds["stderr"]
+    assert prometheus_leftovers() == []
+
+
+def test_an_edited_rule_changes_what_it_catches(tmp_path):
+    """The learning loop: a looser HeldOutGap catches the repeated batch sooner."""
+    rules = tmp_path / "rules"
+    shutil.copytree(REPO / "prometheus" / "rules", rules)
+    alerts = rules / "alerts.yml"
+    alerts.write_text(alerts.read_text().replace("ratio20s > 2", "ratio20s > 1.5").replace("for: 10s", "for: 3s"))
+    res = backtest(
+        "--seeds", "0-2", "--incidents", "repeated_batch", "--rules", str(rules), "--json", "e.json", cwd=tmp_path
+    )
+    assert res.returncode == 0, res.stderr
+    edited = first_fires(json.loads((tmp_path / "e.json").read_text()), "repeated_batch", "HeldOutGap")
+    res = backtest("--seeds", "0-2", "--incidents", "repeated_batch", "--json", "d.json", cwd=tmp_path)
+    default = first_fires(json.loads((tmp_path / "d.json").read_text()), "repeated_batch", "HeldOutGap")
+    assert all(e < d for e, d in zip(edited, default, strict=True)), (edited, default)
+
+
+def test_rules_that_fail_promtool_are_refused_with_its_message(tmp_path):
+    rules = tmp_path / "rules"
+    shutil.copytree(REPO / "prometheus" / "rules", rules)
+    (rules / "alerts.yml").write_text((rules / "alerts.yml").read_text().replace("> 3\n", ">> 3\n", 1))
+    res = backtest("--seeds", "0", "--rules", str(rules), cwd=tmp_path)
+    assert res.returncode == 2
+    first = res.stderr.splitlines()[0]
+    assert first.startswith("runwatch backtest: --rules: promtool check rules refused")
+    assert "alerts.yml" in res.stderr and "parse error" in res.stderr
+    assert list(tmp_path.iterdir()) == [rules]
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [(["--seeds", "9-1"], "--seeds"), (["--seeds", "a"], "--seeds"), (["--incidents", "meteor"], "--incidents"),
+     (["--rules", "nowhere"], "--rules"), (["--json", "no/such/dir/x.json"], "--json")],
+)  # fmt: skip
+def test_bad_flags(tmp_path, args, flag):
+    res = backtest(*args, cwd=tmp_path)
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr
+
+
+def test_ctrl_c_stops_prometheus(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "backtest", "--seeds", "0-5"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    seen = ""
+    while time.monotonic() < deadline and "backfilling" not in seen:
+        seen += proc.stderr.readline()
+    assert "backfilling" in seen
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert prometheus_leftovers() == []
+
+
+def test_parsers():
+    assert parse_seeds("0-2,5,7-8") == [0, 1, 2, 5, 7, 8]
+    with pytest.raises(UsageError, match="--seeds"):
+        parse_seeds("1-")
+    assert duration_seconds("1m30s") == 90 and duration_seconds("10s") == 10 and duration_seconds("0s") == 0

@@ -1,0 +1,63 @@
+"""`runwatch check` on the repository and on a copy with a learner's broken edit."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runwatch.paths import REPO
+
+
+def check(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runwatch", "check", "--root", str(root)], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    for d in ("prometheus", "alertmanager", "runbooks"):
+        shutil.copytree(REPO / d, tmp_path / d)
+    return tmp_path
+
+
+def test_the_repository_passes(copy):
+    res = check(copy)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("ok  ") == 4
+
+
+def test_broken_yaml_in_a_rule_file_names_the_file(copy):
+    alerts = copy / "prometheus" / "rules" / "alerts.yml"
+    alerts.write_text(alerts.read_text().replace("    rules:\n", "    rules:\n  - broken: [\n", 1))
+    res = check(copy)
+    assert res.returncode == 1
+    assert "FAIL  promtool check rules" in res.stdout
+    assert "alerts.yml" in res.stdout
+
+
+def test_bad_promql_is_promtools_own_message(copy):
+    alerts = copy / "prometheus" / "rules" / "alerts.yml"
+    alerts.write_text(alerts.read_text().replace("avg60s > 3", "avg60s >> 3", 1))
+    res = check(copy)
+    assert res.returncode == 1
+    assert "parse error" in res.stdout and "alerts.yml" in res.stdout
+
+
+def test_a_threshold_edit_that_breaks_a_unit_test_is_reported(copy):
+    alerts = copy / "prometheus" / "rules" / "alerts.yml"
+    alerts.write_text(alerts.read_text().replace("avg60s > 3", "avg60s > 3.5", 1))
+    res = check(copy)
+    assert res.returncode == 1
+    assert "ok    promtool check rules" in res.stdout
+    assert "FAIL  promtool test rules" in res.stdout and "GradientNormJump" in res.stdout
+
+
+def test_broken_alertmanager_config_is_amtools_message(copy):
+    am = copy / "alertmanager" / "alertmanager.yml"
+    am.write_text(am.read_text().replace("receiver: oncall-ticket", "receiver: nobody", 1))
+    res = check(copy)
+    assert res.returncode == 1
+    assert "FAIL  amtool check-config" in res.stdout and "nobody" in res.stdout

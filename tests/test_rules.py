@@ -1,0 +1,90 @@
+"""The rule files: promtool's checks and tests, their hygiene, and proof that the tests can fail."""
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runwatch.paths import REPO
+from tests.conftest import need
+
+RULES = REPO / "prometheus" / "rules"
+TESTS = REPO / "prometheus" / "tests"
+
+
+def promtool(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([need("promtool"), *args], cwd=cwd, capture_output=True, text=True)
+
+
+def rules_of(kind: str) -> list[dict]:
+    out = []
+    for f in sorted(RULES.glob("*.yml")):
+        for group in yaml.safe_load(f.read_text())["groups"]:
+            out += [r for r in group["rules"] if kind in r]
+    return out
+
+
+def test_promtool_check_rules():
+    res = promtool("check", "rules", *map(str, sorted(RULES.glob("*.yml"))))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_promtool_test_rules():
+    res = promtool("test", "rules", *map(str, sorted(TESTS.glob("*.test.yml"))))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("SUCCESS") == len(list(TESTS.glob("*.test.yml")))
+
+
+def test_generated_incident_tests_are_up_to_date():
+    spec = importlib.util.spec_from_file_location("make_incident_tests", TESTS / "make_incident_tests.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.render() == (TESTS / "incidents.test.yml").read_text(), "run prometheus/tests/make_incident_tests.py"
+
+
+def test_the_plate_alerts_exist_with_their_exact_names():
+    names = [r["alert"] for r in rules_of("alert")]
+    assert names == ["TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop", "TrainerDown"]
+
+
+@pytest.mark.parametrize("rule", rules_of("alert"), ids=lambda r: r["alert"])
+def test_alert_hygiene(rule):
+    assert re.fullmatch(r"(?:[A-Z][a-z]+)+", rule["alert"])
+    assert rule["labels"]["severity"] in ("critical", "page", "warning")
+    ann = rule["annotations"]
+    assert ann["summary"] and ann["description"]
+    assert ann["runbook_url"] == f"runbooks/{rule['alert']}.md"
+    assert (REPO / ann["runbook_url"]).is_file()
+    if rule["alert"] != "TrainerDown":
+        assert "$value" in ann["description"] and "runwatch_train_step" in ann["step"]
+
+
+def test_recording_rules_are_named_level_metric_operations_with_a_comment():
+    text = (RULES / "baselines.yml").read_text()
+    for rule in rules_of("record"):
+        assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+        before = text[: text.index(f"- record: {rule['record']}")].rstrip().splitlines()[-1]
+        assert before.strip().startswith("#"), f"{rule['record']} has no comment above it"
+
+
+@pytest.mark.parametrize(
+    "old, new, failing",
+    [
+        ("avg60s > 3", "avg60s > 12", "GradientNormJump"),  # corrupt shard no longer fires at 300
+        ("for: 10s", "for: 30s", "HeldOutGap"),  # the repeated batch is caught after 339
+        ("avg60s_offset5s < 0.8", "avg60s_offset5s < 0.5", "ThroughputDrop"),  # slow node missed
+    ],
+)
+def test_an_edited_threshold_breaks_the_plates_signature(tmp_path, old, new, failing):
+    """The generated incident tests can fail: move a threshold and promtool says which alert."""
+    shutil.copytree(REPO / "prometheus", tmp_path / "prometheus")
+    alerts = tmp_path / "prometheus" / "rules" / "alerts.yml"
+    assert old in alerts.read_text()
+    alerts.write_text(alerts.read_text().replace(old, new))
+    res = promtool("test", "rules", "prometheus/tests/incidents.test.yml", cwd=tmp_path)
+    assert res.returncode != 0
+    assert failing in res.stdout + res.stderr
