@@ -29,12 +29,16 @@ Command = Callable[[argparse.Namespace], int]
 
 def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Command]]]:
     # Imported here so that `runwatch --help` stays fast and one broken module names itself.
-    from runwatch import backtest, check, train_cmd
+    from runwatch import backtest, check, lab, train_cmd
 
     return [
         ("train", "run the workshop's training run, live or offline", train_cmd.add_arguments),
         ("check", "check the lab's YAML: promtool and amtool, as after an edit", check.add_arguments),
         ("backtest", "replay many seeds x incidents through a real Prometheus", backtest.add_arguments),
+        ("up", "start the lab natively: trainer, Prometheus, Alertmanager, pager", lab.add_up),
+        ("down", "stop everything `runwatch up` started", lab.add_simple(lab.down)),
+        ("status", "show the lab's processes and whether each is ready", lab.add_simple(lab.status)),
+        ("reload", "check the YAML, then reload Prometheus and Alertmanager", lab.add_simple(lab.reload)),
     ]
 
 

@@ -1,0 +1,17 @@
+# The trainer and the on-call pager, for docker compose. One small image, run as a non-root user.
+FROM python:3.11.11-slim-bookworm
+
+RUN useradd --create-home --uid 10001 runwatch \
+    && mkdir -p /data/runs /data/pages \
+    && chown -R runwatch:runwatch /data
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY trainer ./trainer
+COPY exporter ./exporter
+COPY oncall ./oncall
+COPY runwatch ./runwatch
+RUN pip install --no-cache-dir .
+
+USER runwatch
+EXPOSE 8000 9095

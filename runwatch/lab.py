@@ -1,0 +1,358 @@
+"""The native lab: `runwatch up | down | status | reload`, without Docker.
+
+`up` starts, on loopback and with the repository's own configuration files:
+
+    trainer      http://127.0.0.1:8000/metrics   (runwatch train)
+    pager        http://127.0.0.1:9095           (runwatch pager-serve)
+    Alertmanager http://127.0.0.1:9093           (alertmanager or Debian's prometheus-alertmanager)
+    Prometheus   http://127.0.0.1:9090           (prometheus, with --web.enable-lifecycle)
+
+Everything it keeps lives in one state directory (default ./.runwatch): Prometheus's TSDB,
+Alertmanager's silences, the page log, each run's run.json, logs and PID files. So `down` then
+`up` keeps Prometheus's history. Prometheus reads prometheus/prometheus.yml and its rules through
+symlinks in the state directory, beside a targets/ folder of loopback addresses: the one
+place where the native lab differs from docker compose (which mounts compose/targets/ there).
+
+`up` stays in the foreground until Ctrl-C unless --detach; `down` stops what `up` started, by
+PID, after checking each PID still runs the command it was started with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import requests
+
+from runwatch.cli import Command, UsageError
+from runwatch.paths import REPO, Layout, binary
+from runwatch.promserver import port_is_free, wait_ready
+from trainer.config import INCIDENTS
+
+DEFAULT_STATE = Path(".runwatch")
+PORTS = {"trainer": 8000, "pager": 9095, "alertmanager": 9093, "prometheus": 9090}
+CONTROL_PORT = 8001  # the healthy control run, with --control
+
+# Shared with docker-compose.yml (tests/test_compose.py holds them equal).
+PROMETHEUS_FLAGS = [
+    "--web.enable-lifecycle",  # `runwatch reload` POSTs /-/reload
+    "--rules.alert.resend-delay=2s",  # an Alertmanager that restarts hears of firing alerts in 2 s, not 1 m
+    "--storage.tsdb.retention.time=30d",
+]
+ALERTMANAGER_FLAGS = ["--cluster.listen-address="]  # one Alertmanager: no gossip port
+
+
+@dataclass
+class Component:
+    name: str
+    argv: list[str]
+    ready_url: str
+    url: str
+
+
+class Lab:
+    """One lab's state directory and the components it runs."""
+
+    def __init__(self, state: Path = DEFAULT_STATE, root: Path = REPO):
+        self.state = Path(state).absolute()
+        self.layout = Layout(root)
+        self.pids = self.state / "pids"
+        self.logs = self.state / "logs"
+        self.prometheus_dir = self.state / "prometheus"
+        self.targets = self.prometheus_dir / "targets"
+        self.page_log = self.state / "pages.jsonl"
+        self.runs = self.state / "runs"
+
+    # --- the configuration Prometheus reads: the repo's files, plus loopback targets ---
+
+    def link_config(self) -> None:
+        self.targets.mkdir(parents=True, exist_ok=True)
+        for name, target in [("prometheus.yml", self.layout.prometheus_yml), ("rules", self.layout.rules_dir)]:
+            link = self.prometheus_dir / name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(target.absolute())
+
+    def write_target(self, job_file: str, addresses: list[str]) -> None:
+        """Write targets/<job_file>.json atomically: file_sd must never read half a file."""
+        path = self.targets / f"{job_file}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps([{"targets": addresses}]) + "\n")
+        os.replace(tmp, path)
+
+    def remove_target(self, job_file: str) -> None:
+        (self.targets / f"{job_file}.json").unlink(missing_ok=True)
+
+    # --- processes ---
+
+    def components(self, args: argparse.Namespace, run_id: str) -> list[Component]:
+        py = [sys.executable, "-m", "runwatch"]
+        train = [*py, "train", "--incident", args.incident, "--seed", str(args.seed), "--run-id", run_id]
+        train += ["--port", str(PORTS["trainer"]), "--run-dir", str(self.runs / run_id)]
+        if args.fast_forward:
+            train += ["--fast-forward", str(args.fast_forward)]
+        if args.onset is not None:
+            train += ["--onset", str(args.onset)]
+        if args.drill_seed is not None:
+            train += ["--drill-seed", str(args.drill_seed)]
+        loop = "http://127.0.0.1"
+        comps = [
+            Component("trainer", train, f"{loop}:{PORTS['trainer']}/-/ready", f"{loop}:{PORTS['trainer']}/metrics"),
+            Component(
+                "pager",
+                [*py, "pager-serve", "--port", str(PORTS["pager"]), "--log", str(self.page_log)],
+                f"{loop}:{PORTS['pager']}/-/ready",
+                f"{loop}:{PORTS['pager']}/metrics",
+            ),
+            Component(
+                "alertmanager",
+                [
+                    binary("alertmanager"),
+                    f"--config.file={self.layout.alertmanager_yml.absolute()}",
+                    f"--storage.path={self.state / 'alertmanager-data'}",
+                    f"--web.listen-address=127.0.0.1:{PORTS['alertmanager']}",
+                    *ALERTMANAGER_FLAGS,
+                ],
+                f"{loop}:{PORTS['alertmanager']}/-/ready",
+                f"{loop}:{PORTS['alertmanager']}",
+            ),  # fmt: skip
+            Component(
+                "prometheus",
+                [
+                    binary("prometheus"),
+                    f"--config.file={self.prometheus_dir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={self.state / 'prometheus-data'}",
+                    f"--web.listen-address=127.0.0.1:{PORTS['prometheus']}",
+                    *PROMETHEUS_FLAGS,
+                ],
+                f"{loop}:{PORTS['prometheus']}/-/ready",
+                f"{loop}:{PORTS['prometheus']}",
+            ),  # fmt: skip
+        ]
+        if args.control:
+            control_id = f"none-{args.seed}-control-{run_id.rsplit('-', 1)[-1]}"
+            comps.insert(
+                1,
+                Component(
+                    "control",
+                    [
+                        *py,
+                        "train",
+                        "--seed",
+                        str(args.seed),
+                        "--run-id",
+                        control_id,
+                        "--port",
+                        str(CONTROL_PORT),
+                        "--run-dir",
+                        str(self.runs / control_id),
+                        "--fast-forward",
+                        str(args.fast_forward or 0),
+                    ],
+                    f"{loop}:{CONTROL_PORT}/-/ready",
+                    f"{loop}:{CONTROL_PORT}/metrics",
+                ),  # fmt: skip
+            )
+        return comps
+
+    def start(self, comp: Component) -> int:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.pids.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"{comp.name}.log", "ab") as log:
+            # A session of its own: Ctrl-C in the terminal reaches `up`, which stops them in order.
+            proc = subprocess.Popen(
+                comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        record = {"pid": proc.pid, "argv": comp.argv, "ready_url": comp.ready_url, "url": comp.url}
+        (self.pids / f"{comp.name}.json").write_text(json.dumps(record) + "\n")
+        if not wait_ready(comp.ready_url, 60, proc):
+            tail = (self.logs / f"{comp.name}.log").read_text(errors="replace").strip().splitlines()[-3:]
+            raise UsageError(f"{comp.name} did not start: {' | '.join(tail)} (log: {self.logs / comp.name}.log)")
+        return proc.pid
+
+    def records(self) -> dict[str, dict]:
+        if not self.pids.is_dir():
+            return {}
+        return {p.stem: json.loads(p.read_text()) for p in sorted(self.pids.glob("*.json"))}
+
+    @staticmethod
+    def alive(record: dict) -> bool:
+        """The PID still runs the very command we started (PIDs are reused)."""
+        try:
+            cmdline = Path(f"/proc/{record['pid']}/cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            return False
+        return [c.decode(errors="replace") for c in cmdline] == record["argv"]
+
+    def stop(self, name: str, timeout: float = 15) -> bool:
+        """SIGTERM the component if it is still ours, SIGKILL after timeout; forget its PID file."""
+        path = self.pids / f"{name}.json"
+        record = json.loads(path.read_text())
+        stopped = False
+        if self.alive(record):
+            os.kill(record["pid"], signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self.alive(record) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.alive(record):
+                os.kill(record["pid"], signal.SIGKILL)
+            stopped = True
+        path.unlink(missing_ok=True)
+        return stopped
+
+    def stop_all(self) -> list[str]:
+        order = ["trainer", "control", "prometheus", "alertmanager", "pager"]
+        names = sorted(self.records(), key=lambda n: order.index(n) if n in order else -1)
+        return [n for n in names if self.stop(n)]
+
+
+def _port_owner_error(name: str, port: int) -> UsageError:
+    return UsageError(f"port {port} is already in use ({name}): stop what holds it, or `runwatch down` a lab")
+
+
+def up(args: argparse.Namespace) -> int:
+    if args.incident not in (*INCIDENTS, "random"):
+        raise UsageError(
+            f"--incident: unknown incident {args.incident!r}; choose one of {', '.join(INCIDENTS)}, random"
+        )
+    if args.fast_forward < 0:
+        raise UsageError(f"--fast-forward: must be 0 or more, got {args.fast_forward}")
+    lab = Lab(args.state_dir, args.root or REPO)
+    running = [n for n, r in lab.records().items() if lab.alive(r)]
+    if running:
+        raise UsageError(f"a lab is already running in {lab.state} ({', '.join(running)}): `runwatch down` first")
+    stamp = datetime.now(UTC).strftime("%H%M%S")
+    run_id = f"drill-{stamp}" if args.incident == "random" else f"{args.incident}-{args.seed}-{stamp}"
+    comps = lab.components(args, run_id)  # finds the binaries first: a missing one says what to install
+    for comp in comps:
+        port = int(comp.ready_url.rsplit(":", 1)[1].split("/")[0])
+        if not port_is_free(port):
+            raise _port_owner_error(comp.name, port)
+    lab.state.mkdir(parents=True, exist_ok=True)
+    for stale in lab.records():
+        (lab.pids / f"{stale}.json").unlink()
+    lab.link_config()
+    lab.write_target(
+        "trainer", [f"127.0.0.1:{PORTS['trainer']}"] + ([f"127.0.0.1:{CONTROL_PORT}"] if args.control else [])
+    )
+    lab.write_target("prometheus", [f"127.0.0.1:{PORTS['prometheus']}"])
+    lab.write_target("alertmanager", [f"127.0.0.1:{PORTS['alertmanager']}"])
+    lab.write_target("pager", [f"127.0.0.1:{PORTS['pager']}"])
+    (lab.state / "lab.json").write_text(json.dumps({"run_id": run_id, "root": str(lab.layout.root)}) + "\n")
+    try:
+        for comp in comps:
+            lab.start(comp)
+            print(f"  {comp.name:13s} {comp.url}", flush=True)
+    except BaseException:
+        lab.stop_all()
+        raise
+    print(f"run {run_id}: pages with `runwatch pager --follow --log {lab.page_log}`; stop with `runwatch down`")
+    if args.detach:
+        return 0
+    try:
+        while True:  # foreground: report a component that dies, stop everything on Ctrl-C
+            time.sleep(1)
+            for name, rec in lab.records().items():
+                if not lab.alive(rec) and not rec.get("reported"):
+                    print(f"runwatch up: {name} exited; see {lab.logs / name}.log", file=sys.stderr, flush=True)
+                    rec["reported"] = True
+                    (lab.pids / f"{name}.json").write_text(json.dumps(rec) + "\n")
+    except KeyboardInterrupt:
+        print("stopping:", ", ".join(lab.stop_all()) or "nothing was running", flush=True)
+    return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    lab = Lab(args.state_dir)
+    if not lab.records():
+        print(f"no lab running in {lab.state}")
+        return 0
+    print("stopped:", ", ".join(lab.stop_all()) or "nothing (all had exited)")
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    lab = Lab(args.state_dir)
+    records = lab.records()
+    if not records:
+        print(f"no lab in {lab.state}: start one with `runwatch up`")
+        return 3
+    bad = 0
+    for name, rec in records.items():
+        if not lab.alive(rec):
+            state = "EXITED"
+        else:
+            try:
+                ok = requests.get(rec["ready_url"], timeout=2).status_code == 200
+            except requests.RequestException:
+                ok = False
+            state = "ready" if ok else "NOT READY"
+        bad += state != "ready"
+        print(f"  {name:13s} {state:10s} pid {rec['pid']:<8d} {rec['url']}")
+    return 1 if bad else 0
+
+
+def reload(args: argparse.Namespace) -> int:
+    """Check the YAML as promtool and amtool would, then ask Prometheus and Alertmanager to reload."""
+    lab = Lab(args.state_dir)
+    meta = lab.state / "lab.json"
+    layout = Layout(Path(json.loads(meta.read_text())["root"])) if meta.exists() else Layout()
+    checks = [
+        [binary("promtool"), "check", "config", str(lab.prometheus_dir / "prometheus.yml")],
+        [binary("amtool"), "check-config", str(layout.alertmanager_yml)],
+    ]
+    for argv in checks:
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(
+                f"runwatch reload: refused, {Path(argv[0]).name} found an error; the running lab keeps its old config:"
+            )
+            print((proc.stdout + proc.stderr).strip())
+            return 1
+    for name in ("prometheus", "alertmanager"):
+        url = f"http://127.0.0.1:{PORTS[name]}/-/reload"
+        try:
+            resp = requests.post(url, timeout=10)
+        except requests.RequestException as err:
+            print(f"runwatch reload: {name} is not answering at {url}: {err}")
+            return 1
+        if resp.status_code != 200:
+            print(f"runwatch reload: {name} refused the reload: {resp.text.strip()}")
+            return 1
+        print(f"reloaded {name}")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--state-dir", type=Path, default=DEFAULT_STATE, help="the lab's state directory (default .runwatch)"
+    )
+
+
+def add_up(p: argparse.ArgumentParser) -> Command:
+    _common(p)
+    p.add_argument("--incident", default="none", help="incident for the trainer, or random for a drill")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--onset", type=int, default=None)
+    p.add_argument("--fast-forward", type=int, default=0, metavar="STEP")
+    p.add_argument("--control", action="store_true", help=f"also run a healthy control trainer on :{CONTROL_PORT}")
+    p.add_argument("--detach", action="store_true", help="return once everything is ready")
+    p.add_argument("--drill-seed", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--root", type=Path, default=None, help="checkout whose configuration to run (default: this one)")
+    return up
+
+
+def add_simple(fn: Command) -> object:
+    def add(p: argparse.ArgumentParser) -> Command:
+        _common(p)
+        return fn
+
+    return add

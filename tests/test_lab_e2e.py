@@ -1,0 +1,214 @@
+"""The live lab end to end, with the real binaries: `runwatch up`, pages, faults, `down`.
+
+One lab (Prometheus, Alertmanager, pager, an incident trainer and its healthy control) serves
+every scenario; each fault scenario adds its own trainer, with its own run id, as a second
+target of the trainer job, so the scenarios share one Prometheus. The lab runs on the default
+ports, so these tests run one after another.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from oncall.pager import read_pages
+from runwatch.lab import Component, Lab
+from runwatch.paths import REPO
+from runwatch.promserver import instant, wait_ready
+
+PROM = "http://127.0.0.1:9090"
+TRAINING_ALERTS = {"TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop"}
+
+
+def runwatch(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runwatch", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkout")
+    for d in ("prometheus", "alertmanager", "runbooks"):
+        shutil.copytree(REPO / d, root / d)
+    state = root / "state"
+    res = runwatch(
+        "up", "--root", str(root), "--state-dir", str(state), "--incident", "corrupt_shard",
+        "--fast-forward", "282", "--control", "--detach", cwd=root,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    lab = Lab(state, root)
+    lab.cwd = root
+    lab.run_id = json.loads((state / "lab.json").read_text())["run_id"]
+    yield lab
+    res = runwatch("down", "--state-dir", str(state), cwd=root)
+    assert res.returncode == 0 and "prometheus" in res.stdout
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def pages(lab: Lab, run_id: str | None = None, alert: str | None = None, status: str = "firing") -> list[dict]:
+    return [
+        p
+        for p in read_pages(lab.page_log)
+        if (run_id is None or p["run_id"] == run_id)
+        and (alert is None or p["alert"] == alert)
+        and p["status"] == status
+    ]
+
+
+class ExtraTrainer:
+    """A trainer of its own for one scenario, added to the trainer job through file_sd."""
+
+    def __init__(self, lab: Lab, name: str, port: int, *args: str):
+        self.lab, self.name, self.port = lab, name, port
+        self.run_id = f"e2e-{name}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runwatch", "train", "--port", str(port), "--run-id", self.run_id,
+             "--run-dir", str(lab.runs / self.run_id), *args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert wait_ready(f"http://127.0.0.1:{port}/-/ready", 20, self.proc)
+        lab.write_target(f"trainer-{name}", [f"127.0.0.1:{port}"])
+        wait_for(lambda: instant(PROM, f'up{{instance="127.0.0.1:{port}"}} == 1'), 30, f"{name} to be scraped")
+
+    def step(self) -> int:
+        found = instant(PROM, f'runwatch_train_step{{run_id="{self.run_id}"}}')
+        return int(float(found[0]["value"][1])) if found else -1
+
+    def close(self) -> None:
+        self.lab.remove_target(f"trainer-{self.name}")
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def firing_in_prometheus(alert: str, run_id: str) -> bool:
+    return bool(instant(PROM, f'ALERTS{{alertname="{alert}",run_id="{run_id}",alertstate="firing"}}'))
+
+
+def test_status_reports_every_component_ready(lab):
+    res = runwatch("status", "--state-dir", str(lab.state), cwd=lab.cwd)
+    assert res.returncode == 0, res.stdout
+    for name in ("trainer", "control", "pager", "alertmanager", "prometheus"):
+        assert f"{name}" in res.stdout
+    assert res.stdout.count(" ready ") == 5
+
+
+def test_corrupt_shard_pages_loss_and_gradient_norm_at_the_onset(lab):
+    for alert in ("TrainingLossJump", "GradientNormJump"):
+        page = wait_for(lambda a=alert: pages(lab, lab.run_id, a), 60, f"a {alert} page")[0]
+        assert 300 <= int(page["step"]) <= 302, page  # the plate: 300; live lag may add a step
+        assert page["summary"] and page["runbook_url"] == f"runbooks/{alert}.md"
+    assert all(int(p["step"]) >= 300 for p in pages(lab, lab.run_id) if p["step"])  # nothing before the onset
+    assert not pages(lab, lab.run_id, "ThroughputDrop") and not pages(lab, lab.run_id, "HeldOutGap")
+    control = [p for p in read_pages(lab.page_log) if "control" in p["run_id"]]
+    assert control == []  # the healthy run alongside produced no page
+
+
+def test_killed_trainer_pages_trainer_down_within_15s(lab):
+    extra = ExtraTrainer(lab, "killed", 8102)
+    extra.proc.kill()
+    extra.proc.wait()
+    killed_at = time.monotonic()
+    page = wait_for(
+        lambda: [p for p in pages(lab, alert="TrainerDown") if p["labels"].get("instance") == "127.0.0.1:8102"],
+        30,
+        "a TrainerDown page",
+    )[0]
+    assert time.monotonic() - killed_at <= 15
+    assert "127.0.0.1:8102" in page["summary"]
+    extra.close()
+
+
+def restart(lab: Lab, name: str) -> None:
+    record = lab.records()[name]
+    lab.stop(name)
+    lab.start(Component(name, record["argv"], record["ready_url"], record["url"]))
+
+
+def test_alertmanager_restart_during_an_incident_still_pages_once(lab):
+    extra = ExtraTrainer(lab, "amrestart", 8103, "--incident", "corrupt_shard", "--fast-forward", "290")
+    try:
+        wait_for(lambda: extra.step() >= 297, 30, "the trainer to near its onset")
+        record = lab.records()["alertmanager"]
+        lab.stop("alertmanager")
+        wait_for(lambda: firing_in_prometheus("TrainingLossJump", extra.run_id), 30, "the alert to fire in Prometheus")
+        time.sleep(2)  # Prometheus tries to send while Alertmanager is away
+        lab.start(Component("alertmanager", record["argv"], record["ready_url"], record["url"]))
+        wait_for(lambda: pages(lab, extra.run_id, "TrainingLossJump"), 30, "the page after the restart")
+        time.sleep(6)  # a group_interval: time for a duplicate to show up, if there were one
+        assert len(pages(lab, extra.run_id, "TrainingLossJump")) == 1
+    finally:
+        extra.close()
+
+
+def test_pager_down_then_back_gets_the_page_once(lab):
+    extra = ExtraTrainer(lab, "pagerdown", 8104, "--incident", "corrupt_shard", "--fast-forward", "290")
+    try:
+        record = lab.records()["pager"]
+        lab.stop("pager")
+        wait_for(lambda: firing_in_prometheus("GradientNormJump", extra.run_id), 40, "the alert to fire in Prometheus")
+        time.sleep(3)  # Alertmanager's first delivery fails
+        assert not pages(lab, extra.run_id)
+        lab.start(Component("pager", record["argv"], record["ready_url"], record["url"]))
+        wait_for(lambda: pages(lab, extra.run_id, "GradientNormJump"), 40, "Alertmanager's retry to deliver")
+        time.sleep(6)
+        assert len(pages(lab, extra.run_id, "GradientNormJump")) == 1
+    finally:
+        extra.close()
+
+
+def test_broken_rule_edit_is_refused_by_reload_and_old_rules_keep_firing(lab):
+    alerts = lab.layout.rules_dir / "alerts.yml"
+    good = alerts.read_text()
+    alerts.write_text(good.replace("avg60s > 3", "avg60s >> 3", 1))
+    try:
+        res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
+        assert res.returncode == 1
+        assert "refused" in res.stdout and "alerts.yml" in res.stdout and "parse error" in res.stdout
+        extra = ExtraTrainer(lab, "reload", 8105, "--incident", "corrupt_shard", "--fast-forward", "292")
+        try:
+            wait_for(lambda: pages(lab, extra.run_id, "GradientNormJump"), 40, "a page from the old rules")
+        finally:
+            extra.close()
+    finally:
+        alerts.write_text(good)
+    res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
+    assert res.returncode == 0 and "reloaded prometheus" in res.stdout
+
+
+def test_up_refuses_a_second_lab_and_busy_ports(lab, tmp_path):
+    res = runwatch("up", "--state-dir", str(lab.state), "--detach", cwd=tmp_path)
+    assert res.returncode == 2 and "already running" in res.stderr
+    res = runwatch("up", "--state-dir", str(tmp_path / "other"), "--detach", cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "port 8000 is already in use" in res.stderr
+
+
+def test_status_reports_a_dead_component(lab):
+    record = lab.records()["control"]
+    lab.stop("control")
+    (lab.pids / "control.json").write_text(json.dumps(record) + "\n")  # as if it had died on its own
+    res = runwatch("status", "--state-dir", str(lab.state), cwd=lab.cwd)
+    assert res.returncode == 1 and "EXITED" in res.stdout
+
+
+def test_pager_metrics_count_the_pages(lab):
+    text = requests.get("http://127.0.0.1:9095/metrics", timeout=5).text
+    assert "runwatch_pager_pages_total" in text
