@@ -29,7 +29,10 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:port. Connections still in TIME_WAIT do not count: the
+    servers we start bind with SO_REUSEADDR, and so does this check."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
