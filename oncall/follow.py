@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from oncall.pager import make_server
 
 DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
+DEFAULT_RUNBOOKS = Path(__file__).resolve().parents[1] / "runbooks"  # the checkout's runbooks/
 
 
 def runbook_path(page: dict[str, Any]) -> str:
@@ -132,12 +133,16 @@ def serve_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=9095, help="port to listen on (default 9095)")
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to append to (default {DEFAULT_LOG})")
+    parser.add_argument("--runbooks", type=Path, default=DEFAULT_RUNBOOKS, help="folder served at /runbooks/")
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
+    if not args.runbooks.is_dir():
+        print(f"{parser.prog}: --runbooks: {args.runbooks} is not a directory", file=sys.stderr)
+        return 2
     try:
-        server = make_server(args.host, args.port, args.log)
+        server = make_server(args.host, args.port, args.log, runbooks=args.runbooks)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             print(f"{parser.prog}: port {args.port} is already in use (--port)", file=sys.stderr)

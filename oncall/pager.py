@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -31,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 ROUTES = {"/webhook": "POST", "/-/healthy": "GET", "/-/ready": "GET", "/metrics": "GET"}
 STATUSES = ("firing", "resolved")
+RUNBOOK_NAME = re.compile(r"[A-Za-z0-9_-]+\.md")  # no slashes, no dots but the suffix: no way out of the folder
 DRAIN_LIMIT = 16 << 20  # bytes of an oversized body read and discarded so the client sees the 413
 
 
@@ -242,6 +244,7 @@ class PagerServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.log, self.metrics, self.registry = log, metrics, registry
         self.max_body, self.clock = max_body, clock
+        self.runbooks: Path | None = None
         self.ready = threading.Event()
 
 
@@ -268,6 +271,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self) -> None:
         path = urlsplit(self.path).path
+        if path.startswith("/runbooks/") and self.command in ("GET", "HEAD"):
+            return self._runbook(path.removeprefix("/runbooks/"))
         if path not in ROUTES:
             self._reply(404, f"404 not found: {path}; try POST /webhook, GET /metrics\n".encode())
         elif self.command != ROUTES[path]:
@@ -282,6 +287,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, b"OK\n")
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _route  # noqa: N815 (http.server's names)
+
+    def _runbook(self, name: str) -> None:
+        """Serve runbooks/<AlertName>.md, so dashboards and pages can link to them."""
+        folder = self.server.runbooks
+        if folder is None or not RUNBOOK_NAME.fullmatch(name) or not (folder / name).is_file():
+            return self._reply(404, f"404 no runbook {name!r}\n".encode())
+        self._reply(200, (folder / name).read_bytes(), "text/markdown; charset=utf-8")
 
     def _webhook(self) -> None:
         header = self.headers.get("Content-Length")
@@ -330,6 +342,7 @@ def make_server(
     registry: CollectorRegistry | None = None,
     max_body: int = 1 << 20,
     clock: Callable[[], float] = time.time,
+    runbooks: Path | None = None,
 ) -> PagerServer:
     """Load the page log and bind the pager to host:port (0 picks a free port); call serve_forever() to run it.
 
@@ -345,6 +358,7 @@ def make_server(
     with contextlib.suppress(ValueError):  # an empty log or a hand-edited received_at leaves the gauge at 0
         metrics.last_page.set(datetime.fromisoformat(log.last_received).timestamp())
     server = PagerServer((host, port), log, metrics, registry, max_body, clock)
+    server.runbooks = runbooks  # GET /runbooks/<Alert>.md serves this folder's runbooks
     server.ready.set()
     return server
 

@@ -420,3 +420,25 @@ def test_serve_cli_busy_port(tmp_path, capsys):
         port = busy.getsockname()[1]
         assert serve_main(["--port", str(port), "--log", str(tmp_path / "pages.jsonl")]) == 2
     assert capsys.readouterr().err == f"runwatch pager-serve: port {port} is already in use (--port)\n"
+
+
+def test_runbooks_are_served_and_nothing_outside_them(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    from oncall.follow import DEFAULT_RUNBOOKS
+
+    server = make_server(
+        "127.0.0.1", 0, tmp_path / "pages.jsonl", registry=CollectorRegistry(), runbooks=DEFAULT_RUNBOOKS
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with urllib.request.urlopen(f"{base}/runbooks/HeldOutGap.md") as resp:
+            assert resp.status == 200 and b"# HeldOutGap" in resp.read()
+        for bad in ("../README.md", "..%2FREADME.md", "Nope.md", "HeldOutGap.txt"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(f"{base}/runbooks/{bad}")
+            assert err.value.code == 404, bad
+    finally:
+        server.shutdown()
