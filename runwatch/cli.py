@@ -29,7 +29,7 @@ Command = Callable[[argparse.Namespace], int]
 
 def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Command]]]:
     # Imported here so that `runwatch --help` stays fast and one broken module names itself.
-    from runwatch import backtest, check, lab, train_cmd
+    from runwatch import backtest, check, lab, picture, train_cmd
 
     return [
         ("train", "run the workshop's training run, live or offline", train_cmd.add_arguments),
@@ -39,6 +39,7 @@ def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Comm
         ("down", "stop everything `runwatch up` started", lab.add_simple(lab.down)),
         ("status", "show the lab's processes and whether each is ready", lab.add_simple(lab.status)),
         ("reload", "check the YAML, then reload Prometheus and Alertmanager", lab.add_simple(lab.reload)),
+        ("plate", "draw the plate for a run from Prometheus, with the dashboard's queries", picture.add_arguments),
     ]
 
 

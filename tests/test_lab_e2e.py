@@ -1,5 +1,7 @@
 """The live lab end to end, with the real binaries: `runwatch up`, pages, faults, `down`.
 
+The lab is the session's (tests/conftest.py).
+
 One lab (Prometheus, Alertmanager, pager, an incident trainer and its healthy control) serves
 every scenario; each fault scenario adds its own trainer, with its own run id, as a second
 target of the trainer job, so the scenarios share one Prometheus. The lab runs on the default
@@ -9,57 +11,19 @@ ports, so these tests run one after another.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import pytest
 import requests
 
 from oncall.pager import read_pages
 from runwatch.lab import Component, Lab
-from runwatch.paths import REPO
 from runwatch.promserver import instant, wait_ready
+from tests.conftest import runwatch, wait_for
 
 PROM = "http://127.0.0.1:9090"
 TRAINING_ALERTS = {"TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop"}
-
-
-def runwatch(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "runwatch", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    root = tmp_path_factory.mktemp("checkout")
-    for d in ("prometheus", "alertmanager", "runbooks"):
-        shutil.copytree(REPO / d, root / d)
-    state = root / "state"
-    res = runwatch(
-        "up", "--root", str(root), "--state-dir", str(state), "--incident", "corrupt_shard",
-        "--fast-forward", "282", "--control", "--detach", cwd=root,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stdout + res.stderr
-    lab = Lab(state, root)
-    lab.cwd = root
-    lab.run_id = json.loads((state / "lab.json").read_text())["run_id"]
-    yield lab
-    res = runwatch("down", "--state-dir", str(state), cwd=root)
-    assert res.returncode == 0 and "prometheus" in res.stdout
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def pages(lab: Lab, run_id: str | None = None, alert: str | None = None, status: str = "firing") -> list[dict]:

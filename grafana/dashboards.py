@@ -1,0 +1,345 @@
+"""runwatch's Grafana dashboards, as code (grafana-foundation-sdk), written to grafana/dashboards/*.json.
+
+    python grafana/dashboards.py          # regenerate the JSON that Grafana provisions
+
+The JSON is committed because Grafana provisions from files; tests/test_dashboards.py fails
+if regenerating would change it. Two dashboards:
+
+- "Watching a Run": the plate. Loss (thin) and held-out loss (dots), gradient norm with its 3x
+  running-mean threshold, throughput, the incident window and firing alerts as annotations, the
+  plate's readouts for the selected run, the readouts of every run as a table, and what
+  Alertmanager holds now.
+- "runwatch machinery": scrape durations, rule evaluation time, notifications, pages.
+
+Every panel refers to its datasource by the uid provisioned in grafana/provisioning/.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DashboardSpecialValueMapOptions,
+    DataSourceRef,
+    DataTransformerConfig,
+    DynamicConfigValue,
+    SpecialValueMap,
+    SpecialValueMatch,
+    ValueMap,
+    ValueMappingResult,
+    VariableRefresh,
+    VariableSort,
+)
+
+OUT = Path(__file__).with_name("dashboards")
+PROMETHEUS = DataSourceRef(type_val="prometheus", uid="runwatch-prometheus")
+ALERTMANAGER = DataSourceRef(type_val="alertmanager", uid="runwatch-alertmanager")
+ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")
+RUNBOOKS = "http://127.0.0.1:9095/runbooks"  # served by the pager (oncall/)
+RUN = 'run_id="$run"'
+
+
+def query(expr: str, legend: str, ref: str, instant: bool = False, table_format: bool = False) -> prometheus.Dataquery:
+    q = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(PROMETHEUS)
+    if instant:
+        q = q.instant()
+    else:
+        q = q.range()
+    if table_format:
+        q = q.format("table")
+    return q
+
+
+NEVER = -1  # a readout's value for "never fired", shown as a dash
+DASH = "—"
+
+
+def first_fire(alert: str, run_filter: str) -> str:
+    """The trainer's step at the first evaluation where `alert` was firing, over the dashboard range."""
+    sel = f'ALERTS{{alertname="{alert}",alertstate="firing"{"," + run_filter if run_filter else ""}}}'
+    step = f"runwatch_train_step{{{run_filter}}}" if run_filter else "runwatch_train_step"
+    return f"min_over_time(({step} and on(run_id) {sel})[$__range:1s])"
+
+
+def readout(alert: str) -> str:
+    """first_fire for the selected run, or NEVER: every alert keeps its place on the stat panel."""
+    return f"{first_fire(alert, RUN)} or on() vector({NEVER})"
+
+
+def series_panel(title: str, description: str) -> timeseries.Panel:
+    return (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(PROMETHEUS)
+        .line_width(1)
+        .fill_opacity(0)
+        .show_points(common.VisibilityMode.NEVER)
+        .height(8)
+        .span(12)
+    )
+
+
+def points(name: str) -> list[DynamicConfigValue]:
+    return [
+        DynamicConfigValue(id_val="custom.drawStyle", value="points"),
+        DynamicConfigValue(id_val="custom.pointSize", value=6),
+    ]
+
+
+def dashed(name: str) -> list[DynamicConfigValue]:
+    return [
+        DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}),
+        DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": "red"}),
+    ]
+
+
+def watching_a_run() -> db.Dashboard:
+    run_var = (
+        db.QueryVariable("run")
+        .label("Run")
+        .datasource(PROMETHEUS)
+        .query("label_values(runwatch_train_run_info, run_id)")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_DESC)
+    )
+    incident = (
+        db.AnnotationQuery()
+        .name("Incident window")
+        .datasource(PROMETHEUS)
+        .enable(True)
+        .icon_color("rgba(255, 96, 96, 0.35)")
+        .expr(f"runwatch_train_incident_active{{{RUN}}} == 1")
+    )
+    firing = (
+        db.AnnotationQuery()
+        .name("Firing alerts")
+        .datasource(PROMETHEUS)
+        .enable(True)
+        .icon_color("orange")
+        .expr(f'ALERTS{{alertstate="firing",{RUN}}}')
+    )
+    loss = (
+        series_panel(
+            "Training loss (thin) and held-out loss (dots)",
+            "Training loss of each step's batch, and held-out loss on 400 fixed examples, refreshed every "
+            "10 steps. A repeated batch shows as training loss far below held-out.",
+        )
+        .with_target(query(f"runwatch_train_loss{{{RUN}}}", "training loss", "A"))
+        # a dot where held-out was evaluated (every 10 steps), as on the plate
+        .with_target(
+            query(
+                f"runwatch_train_heldout_loss{{{RUN}}} and on(run_id) (runwatch_train_step{{{RUN}}} % 10 == 0)",
+                "held-out loss",
+                "B",
+            )
+        )
+        .override_by_name("held-out loss", points("held-out loss"))
+        .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
+        .unit("none")
+    )
+    grad = (
+        series_panel(
+            "Gradient norm",
+            "L2 norm of each step's gradient, with the GradientNormJump threshold: 3x its 60-step running mean.",
+        )
+        .with_target(query(f"runwatch_train_gradient_norm{{{RUN}}}", "gradient norm", "A"))
+        .with_target(
+            query(f"3 * run:runwatch_train_gradient_norm:avg60s{{{RUN}}}", "alert threshold (3x running mean)", "B")
+        )
+        .override_by_name("alert threshold (3x running mean)", dashed("alert threshold (3x running mean)"))
+    )
+    throughput = (
+        series_panel("Throughput (tokens/s per GPU)", "From rate() of the token counter, and measured for each step.")
+        .with_target(query(f"rate(runwatch_train_tokens_total{{{RUN}}}[$__rate_interval])", "rate(tokens)", "A"))
+        .with_target(query(f"runwatch_train_tokens_per_second{{{RUN}}}", "per step", "B"))
+        .unit("short")
+    )
+    readouts = (
+        stat.Panel()
+        .title("Readouts: step at which each alert first fired")
+        .description("Computed in PromQL from the ALERTS series over the dashboard's time range; '—' never fired.")
+        .datasource(PROMETHEUS)
+        .no_value(DASH)
+        .decimals(0)
+        .mappings([ValueMap({str(NEVER): ValueMappingResult(text=DASH)})])
+        .color_mode(common.BigValueColorMode.NONE)
+        .text_mode(common.BigValueTextMode.VALUE_AND_NAME)
+        .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .data_links([db.DashboardLink("Runbook").url(f"{RUNBOOKS}/${{__field.displayName}}.md").target_blank(True)])
+        .height(4)
+        .span(12)
+    )
+    for i, alert in enumerate(ALERTS):
+        readouts = readouts.with_target(query(readout(alert), alert, chr(65 + i), instant=True))
+    every_run = (
+        table.Panel()
+        .title("Readouts of every run")
+        .description("One row per run in Prometheus: the step at which each alert first fired ('—': never).")
+        .datasource(PROMETHEUS)
+        .no_value(DASH)
+        .decimals(0)
+        .mappings(
+            [
+                SpecialValueMap(
+                    DashboardSpecialValueMapOptions(
+                        match=SpecialValueMatch.NULL_AND_NAN, result=ValueMappingResult(text=DASH)
+                    )
+                )
+            ]
+        )
+        .height(8)
+        .span(12)
+        .with_target(
+            query(
+                "max by (run_id, incident, seed) (last_over_time(runwatch_train_run_info[$__range]))",
+                "",
+                "RUNS",
+                instant=True,
+                table_format=True,
+            )
+        )
+        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(
+            DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True, "Value #RUNS": True},
+                    "renameByName": {f"Value #{chr(65 + i)}": alert for i, alert in enumerate(ALERTS)},
+                },
+            )
+        )
+    )
+    for i, alert in enumerate(ALERTS):
+        every_run = every_run.with_target(
+            query(f"min by (run_id) ({first_fire(alert, '')})", alert, chr(65 + i), instant=True, table_format=True)
+        )
+    alert_list = (
+        db.Panel()
+        .type("alertlist")
+        .title("Alerts now")
+        .description("Alerts of the Prometheus rules, firing or pending, as Grafana's alert list shows them.")
+        .datasource(PROMETHEUS)
+        .options(
+            {
+                "viewMode": "list",
+                "groupMode": "default",
+                "maxItems": 20,
+                "sortOrder": 1,
+                "dashboardAlerts": False,
+                "alertInstanceLabelFilter": "",
+                "datasource": "Prometheus",
+                "stateFilter": {"firing": True, "pending": True, "noData": False, "normal": False, "error": True},
+            }
+        )
+        .height(8)
+        .span(6)
+    )
+    alertmanager = (
+        stat.Panel()
+        .title("Alertmanager holds")
+        .description("Alerts in Alertmanager now: active ones page; suppressed ones are silenced (acked) or inhibited.")
+        .datasource(PROMETHEUS)
+        .no_value("0")
+        .with_target(query('sum by (state) (alertmanager_alerts{job="alertmanager"})', "{{state}}", "A", instant=True))
+        .height(8)
+        .span(6)
+    )
+    dash = (
+        db.Dashboard("Watching a Run")
+        .uid("runwatch-watching-a-run")
+        .description("Plate XV.6: four curves, four alarms, and an incident that shows up in only one of them.")
+        .tags(["runwatch", "plate"])
+        .time("now-15m", "now")
+        .refresh("5s")
+        .tooltip(DashboardCursorSync.CROSSHAIR)
+        .with_variable(run_var)
+        .annotation(incident)
+        .annotation(firing)
+        .with_panel(loss)
+        .with_panel(grad)
+        .with_panel(throughput)
+        .with_panel(readouts)
+        .with_panel(every_run)
+        .with_panel(alert_list)
+        .with_panel(alertmanager)
+        .link(db.DashboardLink("runwatch machinery").url("/d/runwatch-machinery"))
+    )
+    for alert in (*ALERTS, "TrainerDown"):
+        dash = dash.link(db.DashboardLink(f"Runbook: {alert}").url(f"{RUNBOOKS}/{alert}.md").target_blank(True))
+    return dash
+
+
+def machinery() -> db.Dashboard:
+    def panel(title: str, description: str, unit: str, *targets: tuple[str, str]) -> timeseries.Panel:
+        p = series_panel(title, description).unit(unit)
+        for i, (expr, legend) in enumerate(targets):
+            p = p.with_target(query(expr, legend, chr(65 + i)))
+        return p
+
+    return (
+        db.Dashboard("runwatch machinery")
+        .uid("runwatch-machinery")
+        .description("The monitoring stack itself: is it scraping, evaluating and paging on time?")
+        .tags(["runwatch"])
+        .time("now-15m", "now")
+        .refresh("5s")
+        .with_panel(
+            panel("Scrape duration", "How long each target's last scrape took.", "s",
+                  ("scrape_duration_seconds", "{{job}} {{instance}}"))
+        )
+        .with_panel(
+            panel("Rule evaluation time", "Duration of each rule group's last evaluation (every 1 s).", "s",
+                  ("prometheus_rule_group_last_duration_seconds", "{{rule_group}}"))
+        )
+        .with_panel(
+            panel("Alertmanager notifications", "Notifications sent and failed per second, by integration.", "ops",
+                  ("sum by (integration) (rate(alertmanager_notifications_total[$__rate_interval]))",
+                   "sent {{integration}}"),
+                  ("sum by (integration) (rate(alertmanager_notifications_failed_total[$__rate_interval]))",
+                   "failed {{integration}}"))
+        )
+        .with_panel(
+            panel("Pages", "Pages the on-call pager stored, by status, and repeats it dropped.", "short",
+                  ("sum by (status) (runwatch_pager_pages_total)", "{{status}}"),
+                  ("runwatch_pager_duplicates_total", "duplicates dropped"))
+        )
+        .with_panel(
+            panel("Exporter render time", "Seconds the trainer's exporter took to render /metrics.", "s",
+                  ("runwatch_exporter_scrape_duration_seconds", "{{instance}}"))
+        )
+    )  # fmt: skip
+
+
+def render() -> dict[str, str]:
+    """file name -> JSON text, as committed in grafana/dashboards/."""
+    out = {}
+    for name, builder in [("watching-a-run.json", watching_a_run()), ("machinery.json", machinery())]:
+        model = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+        for ann in model.get("annotations", {}).get("list", []):
+            # Fields of Grafana's Prometheus annotation queries that the SDK does not model: a 1 s
+            # step (the default 60 s would miss a 5-step incident) and the title of each event.
+            if ann.get("datasource", {}).get("type") == "prometheus":
+                ann.update({"step": "1s", "titleFormat": "{{alertname}}" if "ALERTS" in ann["expr"] else "incident"})
+        out[name] = json.dumps(model, indent=2, sort_keys=True) + "\n"
+    return out
+
+
+def main() -> int:
+    OUT.mkdir(exist_ok=True)
+    for name, text in render().items():
+        (OUT / name).write_text(text)
+        print(f"wrote {OUT / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
