@@ -10,31 +10,56 @@ from __future__ import annotations
 import statistics
 import time
 
+import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.metrics import TrainerMetrics
+from trainer import model
 from trainer.config import TrainConfig
-from trainer.run import Trainer
+from trainer.run import Trainer, get_batch
 
 REPEATS = 7
 
 
-def step_and_observe_seconds() -> tuple[float, float]:
+def step_and_observe_seconds(precision: str = "fp64") -> tuple[float, float]:
     """(seconds per unpaced step, seconds per exporter update) over one 600-step run.
 
     The updates are timed apart from the steps, on the same records: a difference of two
     noisy step timings would hide a cost of a few microseconds.
     """
-    cfg = TrainConfig(incident="corrupt_shard")
+    cfg = TrainConfig(incident="corrupt_shard", precision=precision)
     trainer = Trainer(cfg)
     t0 = time.perf_counter()
     records = trainer.run()
     step = (time.perf_counter() - t0) / cfg.steps
-    metrics = TrainerMetrics(cfg.label, cfg.seed, cfg.incident, registry=CollectorRegistry())
+    metrics = TrainerMetrics(cfg.label, cfg.seed, cfg.incident, registry=CollectorRegistry(), precision=precision)
     t0 = time.perf_counter()
     for rec in records:
         metrics.observe(rec, rec.tokens_per_second)
     return step, (time.perf_counter() - t0) / cfg.steps
+
+
+def signals_seconds() -> float:
+    """Seconds per step for Lesson 20's signals (logit norms, weight norm, the one-off power-law
+    fit spread over a run), timed apart on a real step's arrays, as the exporter update is."""
+    t = Trainer(TrainConfig())
+    recs = [t.step() for _ in range(150)]
+    x, y = get_batch(t.cfg, t.means, 150)
+    logits = x @ t.w + t.b
+    n = 20000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        norms = np.sqrt(np.einsum("ij,ij->i", logits, logits))
+        float(norms.sum()) / len(norms), float(norms.max())
+        w, b = t.w.ravel(), t.b
+        float(np.sqrt(np.dot(w, w) + np.dot(b, b)))
+    per_step = (time.perf_counter() - t0) / n
+    steps = np.arange(10, 150) + 1.0
+    losses = np.array([r.loss for r in recs[10:150]])
+    t0 = time.perf_counter()
+    for _ in range(20):
+        model.fit_power_law(steps, losses)
+    return per_step + (time.perf_counter() - t0) / 20 / t.cfg.steps
 
 
 def render_seconds() -> float:
@@ -56,9 +81,19 @@ def main() -> None:
     runs = [step_and_observe_seconds() for _ in range(REPEATS)]
     step = statistics.median(r[0] for r in runs)
     update = statistics.median(r[1] for r in runs)
-    print(f"unpaced step:                  {1e6 * step:8.1f} us  ({1 / step:6.0f} steps/s)")
-    print(f"exporter update per step:      {1e6 * update:8.2f} us  ({1 / (step + update):6.0f} steps/s instrumented)")
-    print(f"instrumentation cost:          {100 * update / step:8.2f} % of a step")
+    signals = statistics.median(signals_seconds() for _ in range(3))
+    step16 = statistics.median(step_and_observe_seconds("fp16")[0] for _ in range(3))
+    print(
+        f"unpaced step, float64:         {1e6 * step:8.1f} us  ({1 / step:6.0f} steps/s, Lesson 20's signals included)"
+    )
+    print(f"unpaced step, fp16 + scaler:   {1e6 * step16:8.1f} us  ({1 / step16:6.0f} steps/s)")
+    print(f"exporter update per step:      {1e6 * update:8.2f} us")
+    print(
+        f"Lesson 20 signals per step:    {1e6 * signals:8.2f} us  (logit and weight norms, the fit spread over a run)"
+    )
+    print(
+        f"instrumentation cost:          {100 * (update + signals) / (step - signals):8.2f} % of an uninstrumented step"
+    )
     print(f"/metrics render (median):      {1e3 * render_seconds():8.3f} ms")
 
 

@@ -34,6 +34,14 @@ TOKENS_PER_SECOND = "runwatch_train_tokens_per_second"
 STEP_DURATION = "runwatch_train_step_duration_seconds"
 RUN_INFO = "runwatch_train_run_info"
 INCIDENT_ACTIVE = "runwatch_train_incident_active"
+# Lesson 20's early-warning signals
+LOGIT_NORM_MEAN = "runwatch_train_logit_norm_mean"
+LOGIT_NORM_MAX = "runwatch_train_logit_norm_max"
+WEIGHT_NORM = "runwatch_train_weight_norm"
+EXPECTED_LOSS = "runwatch_train_expected_loss"
+LOSS_SCALE = "runwatch_train_loss_scale"
+SKIPPED_STEPS = "runwatch_train_skipped_steps"  # a counter: runwatch_train_skipped_steps_total
+CHECKPOINT_STEP = "runwatch_train_checkpoint_step"
 
 HELP = {
     STEP: "The last training step completed by this run.",
@@ -46,6 +54,13 @@ HELP = {
     STEP_DURATION: "Wall-clock duration of each training step, in seconds.",
     RUN_INFO: "Constant 1, labelled with the run's id, seed and incident (hidden in a drill).",
     INCIDENT_ACTIVE: "1 while the injected incident acts on the current step, else 0.",
+    LOGIT_NORM_MEAN: "Mean L2 norm of the last batch's logits, the final layer's activations.",
+    LOGIT_NORM_MAX: "Largest L2 norm of one example's logits in the last batch.",
+    WEIGHT_NORM: "L2 norm of all the model's weights and biases after the last step.",
+    EXPECTED_LOSS: "Training loss expected at this step from a power law fitted to the run's early steps.",
+    LOSS_SCALE: "Dynamic loss scale of mixed precision used at the last step.",
+    SKIPPED_STEPS: "Steps whose update the loss scaler skipped because float16 gradients overflowed.",
+    CHECKPOINT_STEP: "Step of the newest checkpoint saved by this run.",
 }
 
 # Around the one-second lab step: a 2% jitter stays in the 0.95-1.05 buckets, a slow node
@@ -73,9 +88,10 @@ class TrainerMetrics(Collector):
         incident: str,
         drill: bool = False,
         registry: CollectorRegistry | None = None,
+        precision: str = "fp64",
     ):
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.run_id, self.seed, self.drill = run_id, seed, drill
+        self.run_id, self.seed, self.drill, self.precision = run_id, seed, drill, precision
         self.incident = HIDDEN if drill else incident
         self._lock = threading.Lock()
         self._last: StepRecord | None = None
@@ -84,6 +100,8 @@ class TrainerMetrics(Collector):
         self._buckets = [0] * (len(STEP_DURATION_BUCKETS) + 1)  # the last one is +Inf
         self._duration_sum = 0.0
         self._finished = False
+        self._skipped = 0
+        self._checkpoint_step: int | None = None
         self.registry.register(self)
 
     def observe(self, rec: StepRecord, tokens_per_second: float, wall_seconds: float | None = None) -> None:
@@ -95,6 +113,12 @@ class TrainerMetrics(Collector):
             self._tokens += rec.tokens
             self._buckets[bisect.bisect_left(STEP_DURATION_BUCKETS, seconds)] += 1
             self._duration_sum += seconds
+            self._skipped += rec.skipped
+
+    def checkpoint(self, step: int) -> None:
+        """A checkpoint of the state after `step` was saved."""
+        with self._lock:
+            self._checkpoint_step = step
 
     def finish(self) -> None:
         """The run is over: stop publishing per-step series, so Prometheus marks them stale.
@@ -114,7 +138,7 @@ class TrainerMetrics(Collector):
         with self._lock:
             rec, tps, tokens = self._last, self._tokens_per_second, self._tokens
             buckets, duration_sum = list(self._buckets), self._duration_sum
-            finished = self._finished
+            finished, skipped, checkpoint = self._finished, self._skipped, self._checkpoint_step
         run = [self.run_id]
 
         def gauge(name: str, value: float) -> GaugeMetricFamily:
@@ -133,6 +157,12 @@ class TrainerMetrics(Collector):
         bounds = [str(b) for b in STEP_DURATION_BUCKETS] + ["+Inf"]
         hist.add_metric(run, list(zip(bounds, cumulative, strict=True)), duration_sum)
         yield hist
+        if self.precision == "fp16":
+            skipped_family = CounterMetricFamily(SKIPPED_STEPS, HELP[SKIPPED_STEPS], labels=["run_id"])
+            skipped_family.add_metric(run, skipped)
+            yield skipped_family
+        if checkpoint is not None:
+            yield gauge(CHECKPOINT_STEP, checkpoint)
         if rec is None or finished:  # nothing trained yet, or the run is over
             return
         yield gauge(STEP, rec.step)
@@ -143,3 +173,12 @@ class TrainerMetrics(Collector):
         if not self.drill:
             yield gauge(LEARNING_RATE, rec.lr)
             yield gauge(INCIDENT_ACTIVE, 1 if rec.incident_active else 0)
+        for name, value in [
+            (LOGIT_NORM_MEAN, rec.logit_norm_mean),
+            (LOGIT_NORM_MAX, rec.logit_norm_max),
+            (WEIGHT_NORM, rec.weight_norm),
+            (EXPECTED_LOSS, rec.expected_loss),  # NaN until the fit window has passed
+            (LOSS_SCALE, rec.loss_scale),  # NaN in a float64 run
+        ]:
+            if value == value:
+                yield gauge(name, value)

@@ -119,6 +119,14 @@ def watching_a_run() -> db.Dashboard:
         .icon_color("rgba(255, 96, 96, 0.35)")
         .expr(f"runwatch_train_incident_active{{{RUN}}} == 1")
     )
+    checkpoints = (
+        db.AnnotationQuery()
+        .name("Checkpoints")
+        .datasource(PROMETHEUS)
+        .enable(True)
+        .icon_color("blue")
+        .expr(f"changes(runwatch_train_checkpoint_step{{{RUN}}}[2s]) > 0")
+    )
     firing = (
         db.AnnotationQuery()
         .name("Firing alerts")
@@ -142,7 +150,9 @@ def watching_a_run() -> db.Dashboard:
                 "B",
             )
         )
+        .with_target(query(f"runwatch_train_expected_loss{{{RUN}}}", "expected (power law fitted to early steps)", "C"))
         .override_by_name("held-out loss", points("held-out loss"))
+        .override_by_name("expected (power law fitted to early steps)", dashed("expected"))
         .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
         .unit("none")
     )
@@ -264,6 +274,7 @@ def watching_a_run() -> db.Dashboard:
         .with_variable(run_var)
         .annotation(incident)
         .annotation(firing)
+        .annotation(checkpoints)
         .with_panel(loss)
         .with_panel(grad)
         .with_panel(throughput)
@@ -271,6 +282,37 @@ def watching_a_run() -> db.Dashboard:
         .with_panel(every_run)
         .with_panel(alert_list)
         .with_panel(alertmanager)
+        .with_row(db.Row("Stability (Lesson 20): early warnings, in fp16 runs"))
+        .with_panel(
+            series_panel(
+                "Loss scale",
+                "The dynamic loss scale of mixed precision (fp16 runs). A crash toward zero "
+                "warned OPT-175B's team of trouble; LossScaleCollapse fires at a quarter of its usual level.",
+            )
+            .with_target(query(f"runwatch_train_loss_scale{{{RUN}}}", "loss scale", "A"))
+            .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(2))
+            .span(6)
+        )
+        .with_panel(
+            series_panel(
+                "Activation norm",
+                "L2 norm of the logits, the final layer's activations: batch mean and "
+                "largest example. ActivationNormSpike fires at 3x the largest's running mean.",
+            )
+            .with_target(query(f"runwatch_train_logit_norm_mean{{{RUN}}}", "mean", "A"))
+            .with_target(query(f"runwatch_train_logit_norm_max{{{RUN}}}", "max", "B"))
+            .span(6)
+        )
+        .with_panel(
+            series_panel("Weight norm", "L2 norm of all weights and biases.")
+            .with_target(query(f"runwatch_train_weight_norm{{{RUN}}}", "weight norm", "A"))
+            .span(6)
+        )
+        .with_panel(
+            series_panel("Skipped steps", "Updates the loss scaler skipped because float16 gradients overflowed.")
+            .with_target(query(f"runwatch_train_skipped_steps_total{{{RUN}}}", "skipped steps", "A"))
+            .span(6)
+        )
         .link(db.DashboardLink("runwatch machinery").url("/d/runwatch-machinery"))
     )
     for alert in (*ALERTS, "TrainerDown"):
@@ -328,7 +370,8 @@ def render() -> dict[str, str]:
             # Fields of Grafana's Prometheus annotation queries that the SDK does not model: a 1 s
             # step (the default 60 s would miss a 5-step incident) and the title of each event.
             if ann.get("datasource", {}).get("type") == "prometheus":
-                ann.update({"step": "1s", "titleFormat": "{{alertname}}" if "ALERTS" in ann["expr"] else "incident"})
+                title = "{{alertname}}" if "ALERTS" in ann["expr"] else ann["name"].lower()
+                ann.update({"step": "1s", "titleFormat": title})
         out[name] = json.dumps(model, indent=2, sort_keys=True) + "\n"
     return out
 

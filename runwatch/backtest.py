@@ -127,15 +127,15 @@ def families_read(rules: Rules) -> set[str]:
     return {f for f in FAMILIES if f in exprs} | {STEP, "up"}
 
 
-def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, str, str, set[str]]) -> tuple[list[dict], int]:
+def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, str, str, set[str], str]) -> tuple[list[dict], int]:
     """Worker: train a chunk of seeds, write one OpenMetrics file, backfill it into data_dir."""
-    seeds, incidents, om_path, data_dir, promtool, families = args
+    seeds, incidents, om_path, data_dir, promtool, families, precision = args
     runs, meta = [], []
     for seed in seeds:
-        prefix = Trainer(TrainConfig(seed=seed))
+        prefix = Trainer(TrainConfig(seed=seed, precision=precision))
         head = [prefix.step() for _ in range(prefix.cfg.onset)]
         for incident in incidents:
-            cfg = TrainConfig(incident=incident, seed=seed)
+            cfg = TrainConfig(incident=incident, seed=seed, precision=precision)
             run = OfflineRun(cfg, head + prefix.fork(cfg).run())
             runs.append(run)
             last = run.records[-1]
@@ -199,6 +199,7 @@ def backtest(
     incidents: tuple[str, ...] = plate.INCIDENTS,
     workers: int | None = None,
     progress: Progress | None = None,
+    precision: str = "fp64",
 ) -> Result:
     progress = progress or Progress()
     promtool, prometheus = binary("promtool"), binary("prometheus")
@@ -212,7 +213,10 @@ def backtest(
         n_chunks = max(1, min(len(seeds), 2 * workers))
         chunks = [seeds[i::n_chunks] for i in range(n_chunks)]
         families = families_read(rules)
-        jobs = [(c, incidents, str(tmpdir / f"chunk{i}.om"), data, promtool, families) for i, c in enumerate(chunks)]
+        jobs = [
+            (c, incidents, str(tmpdir / f"chunk{i}.om"), data, promtool, families, precision)
+            for i, c in enumerate(chunks)
+        ]
         meta, samples = [], 0
         with ProcessPoolExecutor(workers) as pool:
             for i, (m, n) in enumerate(pool.map(_simulate_chunk, jobs), 1):
@@ -349,9 +353,36 @@ def summarise(result: Result) -> dict:
                         "expected": expect.describe(),
                     }
                 )
+    summary["lead_over_loss_alert"] = leads(result)
     summary["seconds"] = {k: round(v, 1) for k, v in result.seconds.items()}
     summary["samples"] = result.samples
     return summary
+
+
+LOSS_ALERT = "TrainingLossJump"
+
+
+def leads(result: Result) -> dict:
+    """For alerts the plate does not name: in each incident, how many steps before
+    TrainingLossJump they first fired (negative: after), over runs where both fired."""
+    out: dict = {}
+    others = [a for a in result.alerts if a not in plate.ALERTS and a != "TrainerDown"]
+    for incident in plate.INCIDENTS:
+        runs = [r for r in result.runs if r["incident"] == incident]
+        for alert in others:
+            both = [r for r in runs if r["first_fire"][alert] is not None and r["first_fire"][LOSS_ALERT] is not None]
+            fired = sum(r["first_fire"][alert] is not None for r in runs)
+            if not fired:
+                continue
+            lead = [r["first_fire"][LOSS_ALERT] - r["first_fire"][alert] for r in both]
+            out.setdefault(incident, {})[alert] = {
+                "fired": fired,
+                "runs": len(runs),
+                "median_lead": statistics.median(lead) if lead else None,
+                "min_lead": min(lead) if lead else None,
+                "max_lead": max(lead) if lead else None,
+            }
+    return out
 
 
 def _cell(c: dict) -> str:
@@ -369,7 +400,7 @@ def _cell(c: dict) -> str:
 
 def report(summary: dict, alerts: list[str]) -> str:
     """The readout table: first-fire step, median (range) over seeds, the plate's in brackets."""
-    width = max(22, *(len(a) + 2 for a in alerts))
+    width = max(26, *(len(a) + 2 for a in alerts))
     lines = ["first-fire step: median (min-max) over seeds [the plate's readout]", ""]
     lines.append("incident".ljust(16) + "".join(a.ljust(width) for a in alerts) + "signature")
     for incident, inc in summary["incidents"].items():
@@ -386,6 +417,15 @@ def report(summary: dict, alerts: list[str]) -> str:
         lines += [
             f"  {f['incident']} seed {f['seed']}: {f['alert']} at step {f['step']} ({f['expected']})" for f in found
         ]
+    lead = summary.get("lead_over_loss_alert", {})
+    if lead:
+        lines.append("steps before TrainingLossJump that the other alerts first fire (negative: after):")
+        for incident, alerts in lead.items():
+            for alert, c in alerts.items():
+                spread = "" if c["min_lead"] == c["max_lead"] else f" ({c['min_lead']} to {c['max_lead']})"
+                lines.append(
+                    f"  {incident:15s} {alert:20s} median {c['median_lead']}{spread}, fired in {c['fired']}/{c['runs']}"
+                )
     for alert, n in summary["unattributed_firings"].items():
         lines.append(f"  {alert}: {n} firing series carry no run_id or instance (rule aggregates them away)")
     return "\n".join(lines)
@@ -402,6 +442,7 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
         "--incidents", default=",".join(plate.INCIDENTS), help="comma-separated incidents (default: all five)"
     )
     p.add_argument("--workers", type=int, default=None, help="training processes (default: one per core)")
+    p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="train the runs in this precision")
     return run
 
 
@@ -421,12 +462,12 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM as well as Ctrl-C unwinds through the finally blocks that stop Prometheus.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     t0 = time.perf_counter()
-    result = backtest(seeds, rules_dir, incidents, args.workers)
+    result = backtest(seeds, rules_dir, incidents, args.workers, precision=args.precision)
     wall = time.perf_counter() - t0
     summary = summarise(result)
     summary["seconds"]["total"] = round(wall, 1)
     print(report(summary, result.alerts))
-    print(f"\n{len(result.runs)} runs ({len(seeds)} seeds x {len(incidents)} incidents), "
+    print(f"\n{len(result.runs)} {args.precision} runs ({len(seeds)} seeds x {len(incidents)} incidents), "
           f"{result.samples:,} samples, in {wall:.1f}s")  # fmt: skip
     if args.json is not None:
         doc = {"runs": result.runs, "summary": summary}

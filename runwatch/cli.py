@@ -29,7 +29,7 @@ Command = Callable[[argparse.Namespace], int]
 
 def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Command]]]:
     # Imported here so that `runwatch --help` stays fast and one broken module names itself.
-    from runwatch import backtest, check, lab, picture, train_cmd
+    from runwatch import backtest, check, drill, lab, picture, train_cmd
 
     return [
         ("train", "run the workshop's training run, live or offline", train_cmd.add_arguments),
@@ -40,6 +40,10 @@ def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Comm
         ("status", "show the lab's processes and whether each is ready", lab.add_simple(lab.status)),
         ("reload", "check the YAML, then reload Prometheus and Alertmanager", lab.add_simple(lab.reload)),
         ("plate", "draw the plate for a run from Prometheus, with the dashboard's queries", picture.add_arguments),
+        ("drill", "start a lab whose incident (or none) is hidden: on-call practice", drill.add_drill),
+        ("ack", "acknowledge a page: a silence scoped to the alert and the drill's run", drill.add_ack),
+        ("diagnose", "name the drill's incident once; it is revealed and graded", drill.add_diagnose),
+        ("postmortem", "write the drill's postmortem: PagerDuty's sections, timeline, plate", drill.add_postmortem),
     ]
 
 

@@ -96,6 +96,7 @@ class Lab:
     def components(self, args: argparse.Namespace, run_id: str) -> list[Component]:
         py = [sys.executable, "-m", "runwatch"]
         train = [*py, "train", "--incident", args.incident, "--seed", str(args.seed), "--run-id", run_id]
+        train += ["--precision", args.precision]
         train += ["--port", str(PORTS["trainer"]), "--run-dir", str(self.runs / run_id)]
         if args.fast_forward:
             train += ["--fast-forward", str(args.fast_forward)]
@@ -344,6 +345,7 @@ def add_up(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--onset", type=int, default=None)
     p.add_argument("--fast-forward", type=int, default=0, metavar="STEP")
     p.add_argument("--control", action="store_true", help=f"also run a healthy control trainer on :{CONTROL_PORT}")
+    p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision (Lesson 20)")
     p.add_argument("--detach", action="store_true", help="return once everything is ready")
     p.add_argument("--drill-seed", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--root", type=Path, default=None, help="checkout whose configuration to run (default: this one)")

@@ -24,6 +24,7 @@ from runwatch.cli import Command, UsageError
 from trainer.config import INCIDENTS, ConfigError, TrainConfig
 from trainer.live import RunRecord, run_live
 from trainer.offline import simulate, write_openmetrics
+from trainer.run import Trainer
 from trainer.sealed import seal
 
 RANDOM = "random"
@@ -45,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--run-dir", type=Path, default=None, help="where run.json goes (default runs/RUN_ID)")
     p.add_argument("--hold", type=float, default=None, metavar="SECONDS", help="keep serving after the run")
     p.add_argument("--drill-seed", type=int, default=None, help="make --incident random reproducible")
+    p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision, loss scaling")
+    p.add_argument("--resume", type=Path, default=None, metavar="CHECKPOINT", help="go on from a saved checkpoint")
     p.add_argument("--offline", action="store_true", help="no HTTP, no pacing: write --out")
     p.add_argument("--out", type=Path, default=None, help="OpenMetrics file for --offline")
     return run
@@ -68,6 +71,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
         lr=args.lr,
         run_id=args.run_id,
         drill=drill,
+        precision=args.precision,
     )
     if args.fast_forward < 0:
         raise UsageError(f"--fast-forward: must be 0 or more, got {args.fast_forward}")
@@ -107,9 +111,26 @@ def run_offline(cfg: TrainConfig, out: Path) -> int:
     return 0
 
 
+def resume(path: Path) -> Trainer:
+    """The trainer saved in a checkpoint; a UsageError naming --resume if it cannot be read."""
+    try:
+        return Trainer.from_checkpoint(path)
+    except FileNotFoundError:
+        raise UsageError(f"--resume: no checkpoint at {path}") from None
+    except (OSError, ValueError, KeyError) as err:
+        raise UsageError(f"--resume: {path} is not a runwatch checkpoint ({err})") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    cfg, public = config_from_args(args)
+    resumed = resume(args.resume) if args.resume is not None else None
+    if resumed is not None:  # the run goes on as saved: its config, seed and incident
+        cfg = resumed.cfg
+        public = dataclasses.replace(cfg, incident=HIDDEN, onset=-1) if cfg.drill else cfg
+    else:
+        cfg, public = config_from_args(args)
     if args.offline:
+        if resumed is not None:
+            raise UsageError("--resume: a resumed run is live; --offline always trains from step 0")
         if args.out is None:
             raise UsageError("--out: --offline needs a file to write")
         return run_offline(cfg, args.out)
@@ -126,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    metrics = TrainerMetrics(cfg.label, cfg.seed, cfg.incident, drill=cfg.drill)
+    metrics = TrainerMetrics(cfg.label, cfg.seed, cfg.incident, drill=cfg.drill, precision=cfg.precision)
     try:
         server = start(metrics.registry, args.port, args.host)
     except PortInUseError as err:
@@ -138,7 +159,13 @@ def run(args: argparse.Namespace) -> int:
 
     host, port = server.server_address[:2]
     print(f"run {cfg.label}: serving http://{host}:{port}/metrics; run.json in {run_dir}", flush=True)
-    status = run_live(cfg, metrics, RunRecord(run_dir / "run.json", cfg, public), args.fast_forward, stop)
+    if resumed is not None:
+        metrics.add_tokens(resumed.next_step * cfg.batch_size * cfg.tokens_per_example)
+        print(f"run {cfg.label}: resumed from {args.resume} at step {resumed.next_step}", flush=True)
+    status = run_live(
+        cfg, metrics, RunRecord(run_dir / "run.json", cfg, public), args.fast_forward, stop,
+        trainer=resumed, checkpoints=run_dir / "checkpoints",
+    )  # fmt: skip
     print(f"run {cfg.label}: {status}", flush=True)
     # A finished run keeps serving its last values, so Prometheus does not see the target die.
     if status == "completed":

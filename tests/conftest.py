@@ -44,22 +44,55 @@ def wait_for(predicate, timeout: float, what: str):
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
+class LabSession:
+    """The session's native lab, on the default ports, over a copy of the configuration: an
+    incident run (corrupt_shard, fast-forwarded near its onset) and a healthy control, both in
+    mixed precision so that every dashboard panel, Lesson 20's included, has data.
+
+    Started on first use; tests that need the ports for a lab of their own (drills) stop it,
+    and the next test that asks for it starts a fresh one.
+    """
+
+    def __init__(self, tmp_path_factory):
+        self.factory, self.lab = tmp_path_factory, None
+
+    def start(self) -> Lab:
+        if self.lab is None:
+            root = self.factory.mktemp("checkout")
+            for d in ("prometheus", "alertmanager", "runbooks"):
+                shutil.copytree(REPO / d, root / d)
+            state = root / "state"
+            res = runwatch(
+                "up", "--root", str(root), "--state-dir", str(state), "--incident", "corrupt_shard",
+                "--fast-forward", "282", "--control", "--precision", "fp16", "--detach", cwd=root,
+            )  # fmt: skip
+            assert res.returncode == 0, res.stdout + res.stderr
+            lab = Lab(state, root)
+            lab.cwd = root
+            lab.run_id = json.loads((state / "lab.json").read_text())["run_id"]
+            self.lab = lab
+        return self.lab
+
+    def stop(self) -> None:
+        if self.lab is not None:
+            res = runwatch("down", "--state-dir", str(self.lab.state), cwd=self.lab.cwd)
+            assert res.returncode == 0, res.stdout + res.stderr
+            self.lab = None
+
+
 @pytest.fixture(scope="session")
-def lab(tmp_path_factory):
-    """One native lab for the session, on the default ports, over a copy of the configuration:
-    an incident run (corrupt_shard, fast-forwarded near its onset) and a healthy control."""
-    root = tmp_path_factory.mktemp("checkout")
-    for d in ("prometheus", "alertmanager", "runbooks"):
-        shutil.copytree(REPO / d, root / d)
-    state = root / "state"
-    res = runwatch(
-        "up", "--root", str(root), "--state-dir", str(state), "--incident", "corrupt_shard",
-        "--fast-forward", "282", "--control", "--detach", cwd=root,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stdout + res.stderr
-    lab = Lab(state, root)
-    lab.cwd = root
-    lab.run_id = json.loads((state / "lab.json").read_text())["run_id"]
-    yield lab
-    res = runwatch("down", "--state-dir", str(state), cwd=root)
-    assert res.returncode == 0 and "prometheus" in res.stdout
+def lab_session(tmp_path_factory):
+    session = LabSession(tmp_path_factory)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def lab(lab_session) -> Lab:
+    return lab_session.start()
+
+
+@pytest.fixture
+def no_lab(lab_session) -> None:
+    """Free the default ports for a test that starts its own lab."""
+    lab_session.stop()

@@ -64,7 +64,7 @@ def test_json_shape(three_seeds):
 def test_report_and_progress(three_seeds):
     assert "corrupt_shard   300" in three_seeds["stdout"]
     assert "[300]" in three_seeds["stdout"]  # the plate's readout beside ours
-    assert "15 runs (3 seeds x 5 incidents)" in three_seeds["stdout"]
+    assert "15 fp64 runs (3 seeds x 5 incidents)" in three_seeds["stdout"]
     assert "trained and loaded" in three_seeds["stderr"] and "reading HeldOutGap" in three_seeds["stderr"]
     assert prometheus_leftovers() == []
 
@@ -130,3 +130,17 @@ def test_parsers():
     with pytest.raises(UsageError, match="--seeds"):
         parse_seeds("1-")
     assert duration_seconds("1m30s") == 90 and duration_seconds("10s") == 10 and duration_seconds("0s") == 0
+
+
+def test_mixed_precision_backtest_reports_the_new_alerts_lead(tmp_path):
+    """Lesson 20 measured: for a learning-rate spike, how many steps before the loss alert do
+    the loss scale and the activation norm warn? (Here: none; they follow or tie.)"""
+    res = backtest("--seeds", "0-3", "--incidents", "none,lr_spike", "--precision", "fp16", "--json", "f.json",
+                   cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "f.json").read_text())["summary"]
+    lead = summary["lead_over_loss_alert"]["lr_spike"]
+    assert lead["ActivationNormSpike"]["fired"] == 4 and -1 <= lead["ActivationNormSpike"]["median_lead"] <= 1
+    assert -4 <= lead["LossScaleCollapse"]["median_lead"] <= 0
+    assert summary["false_alarms"] == []
+    assert "steps before TrainingLossJump" in res.stdout

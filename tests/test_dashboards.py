@@ -51,6 +51,8 @@ def test_dashboard_hygiene(path):
     uids = provisioned_uids()
     for panel in dash["panels"]:
         assert panel["type"] not in ("graph", "singlestat", "table-old"), "Angular panel"
+        if panel["type"] == "row":
+            continue
         assert panel["datasource"]["uid"] in uids, panel["title"]
         for t in panel.get("targets", []):
             assert t["datasource"]["uid"] in uids
@@ -76,7 +78,7 @@ def test_substitution_as_grafana_does_it():
     assert out == 'rate(x{run_id="r-1"}[4s]) + y[900s] + z[1s] + 900'
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def incident(lab):
     """The session lab's corrupt_shard run, once it is 15 steps past its onset and has paged."""
     wait_for(

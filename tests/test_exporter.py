@@ -79,10 +79,13 @@ def normalise(text: str) -> str:
 
 def test_golden_metrics():
     """Hand-written records, so the golden file does not depend on floating-point details."""
-    metrics = TrainerMetrics("lr_spike-7", 7, "lr_spike", registry=CollectorRegistry())
-    for step, loss, lr, active in [(299, 0.25, 0.1, False), (300, 0.5, 15.0, True)]:
-        rec = StepRecord(step, loss, 0.25, 1.5, lr, 1.0, 65536, active, float(step + 1))
+    metrics = TrainerMetrics("lr_spike-7", 7, "lr_spike", registry=CollectorRegistry(), precision="fp16")
+    for step, loss, lr, active, skipped in [(299, 0.25, 0.1, False, False), (300, 0.5, 15.0, True, True)]:
+        rec = StepRecord(
+            step, loss, 0.25, 1.5, lr, 1.0, 65536, active, float(step + 1), 12.5, 20.0, 7.0, 0.3, 512.0, skipped
+        )
         metrics.observe(rec, 65536.0)
+    metrics.checkpoint(249)
     srv = start(metrics.registry, free_port())
     try:
         text = normalise(scrape(f"http://127.0.0.1:{srv.server_address[1]}/metrics"))

@@ -48,7 +48,11 @@ def test_generated_incident_tests_are_up_to_date():
 
 def test_the_plate_alerts_exist_with_their_exact_names():
     names = [r["alert"] for r in rules_of("alert")]
-    assert names == ["TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop", "TrainerDown"]
+    assert names == [
+        "TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop",  # the plate's four
+        "LossScaleCollapse", "ActivationNormSpike",  # Lesson 20's early-warning signals
+        "TrainerDown",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("rule", rules_of("alert"), ids=lambda r: r["alert"])

@@ -63,6 +63,21 @@ class TrainConfig:
     jitter_sigma: float = 0.02  # lognormal sigma of each step's device time (2%)
     drill: bool = False  # hide the incident from every exported series
 
+    # --- Lesson 20: mixed precision, the expected curve, checkpoints ---
+    precision: str = "fp64"  # "fp64" (the plate) or "fp16": float16 compute, float32 master weights
+    # The dynamic loss scaler follows PyTorch's GradScaler: on inf/NaN gradients skip the step
+    # and halve the scale; after `loss_scale_growth_interval` clean steps, double it.
+    loss_scale_init: float = 65536.0  # 2**16, GradScaler's default; this model's first step overflows it once
+    # 50, not GradScaler's 2000: a long run's scaler has probed upward thousands of times and
+    # sits at the edge of float16's range. Growing every 50 steps gets this 600-step run there
+    # by step ~150 (one skipped step per probe), so a jump in gradients at step 300 overflows,
+    # as it would in a long run. With 2000 the scale never grows here and a spike rarely shows.
+    loss_scale_growth_interval: int = 50
+    fit_start: int = 10  # the expected loss curve is fitted to the training loss of steps
+    fit_end: int = 150  # [fit_start, fit_end), then extrapolated: a*t^-b + c
+    checkpoint_every: int = 50  # K: save a checkpoint after every K steps (live runs)
+    checkpoint_keep: int = 3  # M: keep the last M checkpoints
+
     def validate(self) -> None:
         """Raise ConfigError naming the first field a run cannot use."""
         if self.incident not in INCIDENTS:
@@ -78,6 +93,12 @@ class TrainConfig:
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
         if self.step_seconds <= 0:
             raise ConfigError(f"step_seconds: must be positive, got {self.step_seconds}")
+        if self.precision not in ("fp64", "fp16"):
+            raise ConfigError(f"precision: must be fp64 or fp16, got {self.precision!r}")
+        if not 0 <= self.fit_start < self.fit_end:
+            raise ConfigError(f"fit_end: the fit window [{self.fit_start}, {self.fit_end}) is empty")
+        if self.checkpoint_every <= 0 or self.checkpoint_keep <= 0:
+            raise ConfigError("checkpoint_every: it and checkpoint_keep must be positive")
         if not 0 < self.slow_factor <= 1:
             raise ConfigError(f"slow_factor: must be in (0, 1], got {self.slow_factor}")
 

@@ -67,14 +67,17 @@ def run_live(
     log: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    trainer: Trainer | None = None,
+    checkpoints: Path | None = None,
 ) -> str:
     """Train every step of cfg paced, publishing to metrics; return the final status.
 
     The status is "completed", or "interrupted" when stop is set or Ctrl-C arrives. Either way
-    run.json is rewritten whole with the last step.
+    run.json is rewritten whole with the last step. `trainer` resumes a run (from a checkpoint);
+    with `checkpoints`, the state is saved there every cfg.checkpoint_every steps.
     """
     stop = stop or threading.Event()
-    trainer = Trainer(cfg)
+    trainer = trainer or Trainer(cfg)
     last = None
     record.save()
     try:
@@ -95,6 +98,9 @@ def run_live(
             tps = rec.tokens / wall
             metrics.observe(rec, tps, wall_seconds=wall)
             last = rec
+            if checkpoints is not None and (rec.step + 1) % cfg.checkpoint_every == 0:
+                trainer.save_checkpoint(checkpoints)
+                metrics.checkpoint(rec.step)
             if rec.step % LOG_EVERY == 0:
                 log(log_line(rec, tps))
         status = "completed" if trainer.done else "interrupted"

@@ -16,7 +16,6 @@ Not for live runs: `trainer.live` paces and exports.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -49,8 +48,6 @@ def simulate(cfg: TrainConfig, start: float = DEFAULT_START) -> OfflineRun:
 
 
 def _fmt(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
     return repr(float(v))
 
 
@@ -61,6 +58,10 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, str, list[float]]]:
     for r in recs:
         cum += r.tokens
         tokens.append(float(cum))
+    skipped, cum_skipped = [], 0
+    for r in recs:
+        cum_skipped += r.skipped
+        skipped.append(float(cum_skipped))
     fam = {
         m.STEP: ("gauge", run.labels, [float(r.step) for r in recs]),
         m.LOSS: ("gauge", run.labels, [r.loss for r in recs]),
@@ -72,6 +73,13 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, str, list[float]]]:
     }
     info_incident = m.HIDDEN if cfg.drill else cfg.incident
     fam[m.RUN_INFO] = ("gauge", f'{run.labels},seed="{cfg.seed}",incident="{info_incident}"', [1.0] * len(recs))
+    fam[m.LOGIT_NORM_MEAN] = ("gauge", run.labels, [r.logit_norm_mean for r in recs])
+    fam[m.LOGIT_NORM_MAX] = ("gauge", run.labels, [r.logit_norm_max for r in recs])
+    fam[m.WEIGHT_NORM] = ("gauge", run.labels, [r.weight_norm for r in recs])
+    fam[m.EXPECTED_LOSS] = ("gauge", run.labels, [r.expected_loss for r in recs])
+    if cfg.precision == "fp16":
+        fam[m.LOSS_SCALE] = ("gauge", run.labels, [r.loss_scale for r in recs])
+        fam[m.SKIPPED_STEPS] = ("counter", run.labels, skipped)
     if not cfg.drill:
         fam[m.LEARNING_RATE] = ("gauge", run.labels, [r.lr for r in recs])
         fam[m.INCIDENT_ACTIVE] = ("gauge", run.labels, [1.0 if r.incident_active else 0.0 for r in recs])
@@ -80,6 +88,7 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, str, list[float]]]:
 
 FAMILIES = (
     m.STEP, m.LOSS, m.HELDOUT_LOSS, m.GRADIENT_NORM, m.TOKENS_PER_SECOND, m.TOKENS, "up", m.RUN_INFO,
+    m.LOGIT_NORM_MEAN, m.LOGIT_NORM_MAX, m.WEIGHT_NORM, m.EXPECTED_LOSS, m.LOSS_SCALE, m.SKIPPED_STEPS,
     m.LEARNING_RATE, m.INCIDENT_ACTIVE,
 )  # fmt: skip
 
@@ -91,16 +100,19 @@ def write_openmetrics(runs: list[OfflineRun], fh: TextIO, families: set[str] | N
     rules read). OpenMetrics wants each family's samples together, so families are the outer loop.
     """
     per_run = [_families(r) for r in runs]
-    names = [n for n in (per_run[0] if per_run else []) if families is None or n in families]
+    names = [n for n in dict.fromkeys(n for fams in per_run for n in fams) if families is None or n in families]
     count = 0
     for name in names:
-        kind = per_run[0][name][0]
+        kind = next(fams[name][0] for fams in per_run if name in fams)
         help_text = m.HELP.get(name, "1 if the target was scraped successfully.")
         fh.write(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
         sample = f"{name}_total" if kind == "counter" else name
         for run, fams in zip(runs, per_run, strict=True):
+            if name not in fams:
+                continue
             _, labels, values = fams[name]
-            lines = [f"{sample}{{{labels}}} {_fmt(v)} {run.step_time(i):.3f}\n" for i, v in enumerate(values)]
+            # NaN marks "no value yet" (the expected loss before its fit): a scrape would not have it
+            lines = [f"{sample}{{{labels}}} {_fmt(v)} {run.step_time(i):.3f}\n" for i, v in enumerate(values) if v == v]
             fh.writelines(lines)
             count += len(lines)
     fh.write("# EOF\n")

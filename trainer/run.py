@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -40,6 +42,14 @@ class StepRecord:
     tokens: int  # tokens processed by this step
     incident_active: bool  # whether the incident acts on this step
     lab_time: float  # lab seconds from the run's start to the end of this step
+    # Lesson 20's signals. NaN where a run has none: no loss scale in float64, no expected
+    # loss before the fit window ends.
+    logit_norm_mean: float = float("nan")  # mean L2 norm of the batch's logits
+    logit_norm_max: float = float("nan")  # largest L2 norm of one example's logits
+    weight_norm: float = float("nan")  # L2 norm of all weights and biases
+    expected_loss: float = float("nan")  # the power law fitted to the early loss, at this step
+    loss_scale: float = float("nan")  # the dynamic loss scale this step ran with (fp16)
+    skipped: bool = False  # fp16: the gradient overflowed, so the update was skipped
 
     @property
     def tokens_per_second(self) -> float:
@@ -102,29 +112,59 @@ class Trainer:
         self.means = model.class_means(cfg)
         self.heldout = model.sample(_rng(cfg, _HELDOUT), self.means, cfg.heldout_size, cfg.noise)
         self.durations = step_durations(cfg)
-        self.w = np.zeros((cfg.features, cfg.classes))
-        self.b = np.zeros(cfg.classes)
+        dtype = np.float32 if cfg.precision == "fp16" else np.float64  # fp16 keeps float32 master weights
+        self.w = np.zeros((cfg.features, cfg.classes), dtype)
+        self.b = np.zeros(cfg.classes, dtype)
         self.next_step = 0
         self.lab_time = 0.0
         self.heldout_loss = float("nan")
+        self.grad_norm = 0.0  # of the last step's gradient
+        self.scale = cfg.loss_scale_init if cfg.precision == "fp16" else float("nan")
+        self.clean_steps = 0  # since the scale last changed (GradScaler's growth tracker)
+        self.skipped_steps = 0
+        self.fit_losses: list[float] = []
+        self.fit: tuple[float, float, float] | None = None  # (a, b, c) once the window has passed
 
     @property
     def done(self) -> bool:
         return self.next_step >= self.cfg.steps
 
+    def _forward_backward(self, x: np.ndarray, y: np.ndarray, scale: float):
+        if self.cfg.precision == "fp16":
+            return model.forward_backward_fp16(self.w, self.b, x, y, scale)
+        return model.forward_backward(self.w, self.b, x, y)
+
     def step(self) -> StepRecord:
         cfg, s = self.cfg, self.next_step
         # --- batch, forward, backward ---
         x, y = get_batch(cfg, self.means, s)
-        loss, g_w, g_b = model.loss_and_grad(self.w, self.b, x, y)
-        grad_norm = float(np.sqrt(np.sum(g_w * g_w) + np.sum(g_b * g_b)))
+        loss, g_w, g_b, logits = self._forward_backward(x, y, self.scale)
+        scale = self.scale
         # --- held-out evaluation, on the same weights as this step's training loss ---
         if s % cfg.heldout_every == 0:
-            self.heldout_loss = model.loss(self.w, self.b, *self.heldout)
-        # --- update ---
+            evaluate = model.loss_fp16 if cfg.precision == "fp16" else model.loss
+            self.heldout_loss = evaluate(self.w, self.b, *self.heldout)
+        # --- update, unless float16 overflowed: then the loss scaler skips it and backs off ---
         lr = learning_rate(cfg, s)
-        self.w -= lr * g_w
-        self.b -= lr * g_b
+        skipped = cfg.precision == "fp16" and not (np.isfinite(g_w).all() and np.isfinite(g_b).all())
+        if skipped:  # float16 overflowed; the monitor still wants the gradient's size, so take it in float64
+            _, g_w, g_b, _ = model.forward_backward(self.w.astype(np.float64), self.b.astype(np.float64), x, y)
+        self.grad_norm = float(np.sqrt(np.sum(g_w * g_w) + np.sum(g_b * g_b)))
+        if not skipped:
+            self.w -= lr * g_w
+            self.b -= lr * g_b
+        if cfg.precision == "fp16":
+            self._update_scale(skipped)
+        # --- Lesson 20's signals ---
+        norms = np.sqrt(np.einsum("ij,ij->i", logits, logits))  # per-example L2 norms of the logits
+        weight_norm = float(
+            np.sqrt(np.sum(self.w * self.w, dtype=np.float64) + np.sum(self.b * self.b, dtype=np.float64))
+        )
+        if cfg.fit_start <= s < cfg.fit_end:
+            self.fit_losses.append(loss)
+            if s == cfg.fit_end - 1:
+                self.fit = model.fit_power_law(np.arange(cfg.fit_start, cfg.fit_end) + 1.0, np.array(self.fit_losses))
+        expected = float("nan") if self.fit is None else self.fit[0] * (s + 1.0) ** -self.fit[1] + self.fit[2]
         # --- the clock ---
         duration = float(self.durations[s])
         self.lab_time += duration
@@ -133,13 +173,68 @@ class Trainer:
             step=s,
             loss=loss,
             heldout_loss=self.heldout_loss,
-            gradient_norm=grad_norm,
+            gradient_norm=self.grad_norm,
             lr=lr,
             duration_seconds=duration,
             tokens=cfg.batch_size * cfg.tokens_per_example,
             incident_active=incident_active(cfg, s),
             lab_time=self.lab_time,
+            logit_norm_mean=float(norms.sum()) / len(norms),
+            logit_norm_max=float(norms.max()),
+            weight_norm=weight_norm,
+            expected_loss=expected,
+            loss_scale=scale,
+            skipped=skipped,
         )
+
+    def _update_scale(self, found_inf: bool) -> None:
+        """GradScaler.update(): back off on overflow, grow after enough clean steps."""
+        if found_inf:
+            self.scale *= 0.5
+            self.clean_steps = 0
+            self.skipped_steps += 1
+        else:
+            self.clean_steps += 1
+            if self.clean_steps == self.cfg.loss_scale_growth_interval:
+                self.scale *= 2.0
+                self.clean_steps = 0
+
+    # --- checkpoints ---
+
+    def save_checkpoint(self, folder: Path) -> Path:
+        """Write checkpoint-<step>.npz (the state after step next_step-1) and keep the newest M."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"checkpoint-{self.next_step - 1:06d}.npz"
+        tmp = folder / f".{path.name}.tmp.npz"
+        np.savez(
+            tmp, config=np.array(self.cfg.to_json()), w=self.w, b=self.b, fit_losses=np.array(self.fit_losses),
+            fit=np.array(self.fit if self.fit else []),
+            scalars=np.array([self.next_step, self.lab_time, self.heldout_loss, self.grad_norm, self.scale,
+                              self.clean_steps, self.skipped_steps]),
+        )  # fmt: skip
+        os.replace(tmp, path)
+        for old in sorted(folder.glob("checkpoint-*.npz"))[: -self.cfg.checkpoint_keep]:
+            old.unlink()
+        return path
+
+    @classmethod
+    def from_checkpoint(cls, path: Path) -> Trainer:
+        """The trainer as it was when `path` was saved: the same series follow, bit for bit."""
+        with np.load(path, allow_pickle=False) as data:
+            trainer = cls(TrainConfig.from_json(str(data["config"]), source=str(path)))
+            trainer.w, trainer.b = data["w"].copy(), data["b"].copy()
+            trainer.fit_losses = [float(v) for v in data["fit_losses"]]
+            trainer.fit = tuple(float(v) for v in data["fit"]) if len(data["fit"]) else None
+            step, lab, heldout, grad, scale, clean, skipped = data["scalars"].tolist()
+        trainer.next_step, trainer.lab_time, trainer.heldout_loss = int(step), lab, heldout
+        trainer.grad_norm, trainer.scale, trainer.clean_steps, trainer.skipped_steps = (
+            grad,
+            scale,
+            int(clean),
+            int(skipped),
+        )
+        return trainer
 
     def fork(self, cfg: TrainConfig) -> Trainer:
         """A copy of this trainer that goes on under cfg, which may differ only in its incident.
