@@ -45,7 +45,8 @@ def one_run(lab: Lab, i: int) -> list[float]:
     )  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}/metrics"
-        wait_ready(url, 20, proc)
+        if not wait_ready(url, 60, proc):
+            raise SystemExit(f"run {i}: the trainer on :{port} did not start")
         lab.write_target(f"trainer-{run_id}", [f"127.0.0.1:{port}"])
         while exported_step(url) < ONSET:
             time.sleep(0.02)

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.metrics import TrainerMetrics
 from trainer import model
 from trainer.config import TrainConfig
-from trainer.run import Trainer, get_batch
+from trainer.run import Trainer, get_batch, signals
 
 REPEATS = 7
 
@@ -49,10 +49,7 @@ def signals_seconds() -> float:
     n = 20000
     t0 = time.perf_counter()
     for _ in range(n):
-        norms = np.sqrt(np.einsum("ij,ij->i", logits, logits))
-        float(norms.sum()) / len(norms), float(norms.max())
-        w, b = t.w.ravel(), t.b
-        float(np.sqrt(np.dot(w, w) + np.dot(b, b)))
+        signals(logits, t.w, t.b)
     per_step = (time.perf_counter() - t0) / n
     steps = np.arange(10, 150) + 1.0
     losses = np.array([r.loss for r in recs[10:150]])

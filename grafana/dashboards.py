@@ -125,7 +125,11 @@ def watching_a_run() -> db.Dashboard:
         .datasource(PROMETHEUS)
         .enable(True)
         .icon_color("blue")
-        .expr(f"changes(runwatch_train_checkpoint_step{{{RUN}}}[2s]) > 0")
+        # a new checkpoint step, or the run's first one (a series that was not there 2 s ago)
+        .expr(
+            f"changes(runwatch_train_checkpoint_step{{{RUN}}}[2s]) > 0"
+            f" or (runwatch_train_checkpoint_step{{{RUN}}} unless runwatch_train_checkpoint_step{{{RUN}}} offset 2s)"
+        )
     )
     firing = (
         db.AnnotationQuery()

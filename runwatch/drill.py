@@ -141,7 +141,10 @@ def ack(args: argparse.Namespace) -> int:
 def onset_time(run_id: str, onset: int, since: float) -> float | None:
     """When the trainer's onset step was first scraped: read from Prometheus."""
     window = int(_now() - since) + 60
-    q = f'min_over_time(timestamp(runwatch_train_step{{run_id="{run_id}"}} >= {onset})[{window}s:1s])'
+    step = f'runwatch_train_step{{run_id="{run_id}"}}'
+    # timestamp() of the plain selector is the scrape's time; of `step >= onset` it would be the
+    # evaluation's, up to a second later
+    q = f"min_over_time((timestamp({step}) and {step} >= {onset})[{window}s:1s])"
     found = instant(PROMETHEUS, q)
     return float(found[0]["value"][1]) if found else None
 

@@ -34,11 +34,11 @@ DRILL_ONSET_RANGE = (240, 360)
 
 def add_arguments(p: argparse.ArgumentParser) -> Command:
     d = TrainConfig()
-    p.add_argument("--incident", default="none", help=f"one of {', '.join(INCIDENTS)}, or {RANDOM} for a drill")
+    p.add_argument("--incident", default=None, help=f"one of {', '.join(INCIDENTS)}, or {RANDOM} for a drill")
     p.add_argument("--seed", type=int, default=d.seed, help="seeds batches, held-out set and jitter")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--onset", type=int, default=None, help=f"first incident step (default {d.onset})")
-    p.add_argument("--lr", type=float, default=d.lr, help="SGD learning rate")
+    p.add_argument("--lr", type=float, default=None, help=f"SGD learning rate (default {d.lr})")
     p.add_argument("--run-id", default="", help="label on every series (default INCIDENT-SEED)")
     p.add_argument("--port", type=int, default=8000, help="/metrics port on 127.0.0.1 (live)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve /metrics on (live)")
@@ -47,7 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--hold", type=float, default=None, metavar="SECONDS", help="keep serving after the run")
     p.add_argument("--drill-seed", type=int, default=None, help="make --incident random reproducible")
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision, loss scaling")
-    p.add_argument("--resume", type=Path, default=None, metavar="CHECKPOINT", help="go on from a saved checkpoint")
+    p.add_argument(
+        "--resume", type=Path, default=None, metavar="CHECKPOINT",
+        help="go on from a saved checkpoint (its config, unless --lr or --incident say otherwise)",
+    )  # fmt: skip
     p.add_argument("--offline", action="store_true", help="no HTTP, no pacing: write --out")
     p.add_argument("--out", type=Path, default=None, help="OpenMetrics file for --offline")
     return run
@@ -57,7 +60,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
     """(the true config, the one that may be shown); they differ only in a drill."""
     drill = args.incident == RANDOM
     onset = args.onset
-    incident = args.incident
+    incident = args.incident or "none"
     if drill:
         rng = random.Random(args.drill_seed) if args.drill_seed is not None else secrets.SystemRandom()
         incident = rng.choice(INCIDENTS)
@@ -68,7 +71,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
         seed=args.seed,
         steps=args.steps,
         onset=TrainConfig.onset if onset is None else onset,
-        lr=args.lr,
+        lr=TrainConfig.lr if args.lr is None else args.lr,
         run_id=args.run_id,
         drill=drill,
         precision=args.precision,
@@ -111,18 +114,29 @@ def run_offline(cfg: TrainConfig, out: Path) -> int:
     return 0
 
 
-def resume(path: Path) -> Trainer:
-    """The trainer saved in a checkpoint; a UsageError naming --resume if it cannot be read."""
+def resume(args: argparse.Namespace) -> Trainer:
+    """The trainer saved in --resume's checkpoint, with --lr or --incident changed if given:
+    restarting from before trouble with a lower learning rate is what large runs did."""
     try:
-        return Trainer.from_checkpoint(path)
+        trainer = Trainer.from_checkpoint(args.resume)
     except FileNotFoundError:
-        raise UsageError(f"--resume: no checkpoint at {path}") from None
+        raise UsageError(f"--resume: no checkpoint at {args.resume}") from None
     except (OSError, ValueError, KeyError) as err:
-        raise UsageError(f"--resume: {path} is not a runwatch checkpoint ({err})") from None
+        raise UsageError(f"--resume: {args.resume} is not a runwatch checkpoint ({err})") from None
+    changes = {k: v for k, v in (("lr", args.lr), ("incident", args.incident)) if v is not None}
+    if changes.get("incident") == RANDOM:
+        raise UsageError("--incident: a resumed run cannot become a drill")
+    if changes:
+        try:
+            trainer = trainer.retarget(dataclasses.replace(trainer.cfg, **changes))
+        except ConfigError as err:
+            field, _, msg = str(err).partition(": ")
+            raise UsageError(f"--{field}: {msg}") from None
+    return trainer
 
 
 def run(args: argparse.Namespace) -> int:
-    resumed = resume(args.resume) if args.resume is not None else None
+    resumed = resume(args) if args.resume is not None else None
     if resumed is not None:  # the run goes on as saved: its config, seed and incident
         cfg = resumed.cfg
         public = dataclasses.replace(cfg, incident=HIDDEN, onset=-1) if cfg.drill else cfg

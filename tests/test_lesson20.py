@@ -136,6 +136,14 @@ def test_resume_on_the_command_line(tmp_path):
     assert "resumed from" in res.stdout and "at step 598" in res.stdout
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert (record["status"], record["last_step"], record["config"]["incident"]) == ("completed", 599, "corrupt_shard")
+    lowered = subprocess.run(
+        [sys.executable, "-m", "runwatch", "train", "--resume", str(path), "--lr", "0.05", "--incident", "none",
+         "--port", str(free_port()), "--run-dir", str(tmp_path / "run2"), "--hold", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert lowered.returncode == 0, lowered.stderr
+    config = json.loads((tmp_path / "run2" / "run.json").read_text())["config"]
+    assert (config["lr"], config["incident"], config["seed"]) == (0.05, "none", 2)
     bad = subprocess.run(
         [sys.executable, "-m", "runwatch", "train", "--resume", str(tmp_path / "nope.npz")],
         capture_output=True, text=True, timeout=60,

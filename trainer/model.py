@@ -103,7 +103,7 @@ def fit_power_law(t: np.ndarray, loss: np.ndarray) -> tuple[float, float, float]
 
     For a fixed exponent b the model is linear in a and c, with a closed-form least-squares
     solution; every b of a grid is solved at once and the best wins, then the grid is refined
-    around it (four rounds of 60 points: b to about 1e-5).
+    around it (four rounds of 30 points: b to about 1e-4).
     """
     t, loss = np.asarray(t, float), np.asarray(loss, float)
 
@@ -117,9 +117,9 @@ def fit_power_law(t: np.ndarray, loss: np.ndarray) -> tuple[float, float, float]
 
     lo, hi = 0.01, 4.0
     for _ in range(4):
-        grid = np.linspace(lo, hi, 60)
+        grid = np.linspace(lo, hi, 30)
         sse, a, c = solve(grid)
         i = int(np.argmin(sse))
-        span = (hi - lo) / 59
+        span = (hi - lo) / 29
         lo, hi = max(0.001, grid[i] - span), grid[i] + span
     return float(a[i]), float(grid[i]), float(c[i])

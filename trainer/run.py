@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,15 @@ def get_batch(cfg: TrainConfig, means: np.ndarray, step: int) -> tuple[np.ndarra
     return x, y
 
 
+def signals(logits: np.ndarray, w: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """Lesson 20's activation and weight norms: (mean, max) of the per-example L2 norms of the
+    logits, and the L2 norm of all parameters. On the hot path: plain reductions, no wrappers."""
+    norms = np.sqrt(np.einsum("ij,ij->i", logits, logits))
+    flat = w.reshape(-1)
+    weights = math.sqrt(float(np.dot(flat, flat)) + float(np.dot(b, b)))
+    return float(np.add.reduce(norms)) / len(norms), float(np.maximum.reduce(norms)), weights
+
+
 class Trainer:
     """Holds the weights and the clock; `step()` advances one step.
 
@@ -156,10 +166,7 @@ class Trainer:
         if cfg.precision == "fp16":
             self._update_scale(skipped)
         # --- Lesson 20's signals ---
-        norms = np.sqrt(np.einsum("ij,ij->i", logits, logits))  # per-example L2 norms of the logits
-        weight_norm = float(
-            np.sqrt(np.sum(self.w * self.w, dtype=np.float64) + np.sum(self.b * self.b, dtype=np.float64))
-        )
+        logit_norm_mean, logit_norm_max, weight_norm = signals(logits, self.w, self.b)
         if cfg.fit_start <= s < cfg.fit_end:
             self.fit_losses.append(loss)
             if s == cfg.fit_end - 1:
@@ -179,8 +186,8 @@ class Trainer:
             tokens=cfg.batch_size * cfg.tokens_per_example,
             incident_active=incident_active(cfg, s),
             lab_time=self.lab_time,
-            logit_norm_mean=float(norms.sum()) / len(norms),
-            logit_norm_max=float(norms.max()),
+            logit_norm_mean=logit_norm_mean,
+            logit_norm_max=logit_norm_max,
             weight_norm=weight_norm,
             expected_loss=expected,
             loss_scale=scale,
@@ -236,6 +243,15 @@ class Trainer:
         )
         return trainer
 
+    def retarget(self, cfg: TrainConfig) -> Trainer:
+        """This trainer, going on under another config (a resumed run with a lower learning rate,
+        or without its incident). The clock, data and weights stay."""
+        cfg.validate()
+        other = copy.deepcopy(self)
+        other.cfg = cfg
+        other.durations = step_durations(cfg)
+        return other
+
     def fork(self, cfg: TrainConfig) -> Trainer:
         """A copy of this trainer that goes on under cfg, which may differ only in its incident.
 
@@ -247,10 +263,7 @@ class Trainer:
             raise ValueError("fork: the configs may differ only in their incident")
         if self.next_step > cfg.onset:
             raise ValueError(f"fork: step {self.next_step} is past the onset {cfg.onset}")
-        other = copy.deepcopy(self)
-        other.cfg = cfg
-        other.durations = step_durations(cfg)
-        return other
+        return self.retarget(cfg)
 
     def run(self) -> list[StepRecord]:
         """Every remaining step, unpaced."""
