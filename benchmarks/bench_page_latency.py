@@ -3,7 +3,8 @@
     python benchmarks/bench_page_latency.py [--runs 6]
 
 Starts a lab (`runwatch up`, default ports, a temporary state directory), then runs corrupt_shard
-trainers one after another, each fast-forwarded to just before its onset. For each it polls the
+trainers one after another, each fast-forwarded to step 270: 30 steps of history
+before the onset, so that the running means the alerts compare with are not a few samples. For each it polls the
 trainer's /metrics every 20 ms for the moment step 300 is exported, and reads from the page log
 when the pager stored the TrainingLossJump and GradientNormJump pages.
 """
@@ -11,6 +12,7 @@ when the pager stored the TrainingLossJump and GradientNormJump pages.
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,7 +42,7 @@ def one_run(lab: Lab, i: int) -> list[float]:
     port, run_id = 8110 + i, f"latency-{i}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "runwatch", "train", "--port", str(port), "--run-id", run_id, "--seed", str(i),
-         "--incident", "corrupt_shard", "--fast-forward", "293", "--run-dir", str(lab.runs / run_id)],
+         "--incident", "corrupt_shard", "--fast-forward", "270", "--run-dir", str(lab.runs / run_id)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -79,6 +81,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=6)
     parser.add_argument("--first", type=int, default=0, help="seed of the first run")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # unwind through the finally: stop the lab
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"
         up = [sys.executable, "-m", "runwatch", "up", "--state-dir", str(state), "--detach"]

@@ -64,7 +64,7 @@ class LabSession:
             state = root / "state"
             res = runwatch(
                 "up", "--root", str(root), "--state-dir", str(state), "--incident", "corrupt_shard",
-                "--fast-forward", "282", "--control", "--precision", "fp16", "--detach", cwd=root,
+                "--fast-forward", "270", "--control", "--precision", "fp16", "--detach", cwd=root,
             )  # fmt: skip
             assert res.returncode == 0, res.stdout + res.stderr
             lab = Lab(state, root)

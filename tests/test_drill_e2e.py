@@ -27,8 +27,11 @@ def state(no_lab, tmp_path):
     runwatch("down", "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
 
 
-def drill(tmp_path, state, seed: int) -> str:
-    res = runwatch("drill", "--state-dir", str(state), "--seed", str(seed), "--fast-forward", "235", cwd=tmp_path)
+def drill(tmp_path, state, seed: int, fast_forward: int = 220) -> str:
+    """Start a drill; 220 leaves the alerts' baselines 20-30 steps of history before onset 247."""
+    res = runwatch(
+        "drill", "--state-dir", str(state), "--seed", str(seed), "--fast-forward", str(fast_forward), cwd=tmp_path
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     return json.loads((state / "drill.json").read_text())["run_id"]
 
@@ -89,7 +92,7 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
 
 
 def test_a_healthy_drill_graded_no_incident_is_correct(tmp_path, state):
-    run_id = drill(tmp_path, state, 42)
+    run_id = drill(tmp_path, state, 42, fast_forward=235)
     wait_for(lambda: instant(PROM, f'runwatch_train_step{{run_id="{run_id}"}} >= 255'), 40, "twenty steps of the run")
     assert [p for p in read_pages(state / "pages.jsonl") if p["run_id"] == run_id] == []
     res = runwatch("diagnose", "none", "--state-dir", str(state), cwd=tmp_path)

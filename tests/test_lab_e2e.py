@@ -107,7 +107,7 @@ def restart(lab: Lab, name: str) -> None:
 
 
 def test_alertmanager_restart_during_an_incident_still_pages_once(lab):
-    extra = ExtraTrainer(lab, "amrestart", 8103, "--incident", "corrupt_shard", "--fast-forward", "290")
+    extra = ExtraTrainer(lab, "amrestart", 8103, "--incident", "corrupt_shard", "--fast-forward", "275")
     try:
         wait_for(lambda: extra.step() >= 297, 30, "the trainer to near its onset")
         record = lab.records()["alertmanager"]
@@ -123,7 +123,7 @@ def test_alertmanager_restart_during_an_incident_still_pages_once(lab):
 
 
 def test_pager_down_then_back_gets_the_page_once(lab):
-    extra = ExtraTrainer(lab, "pagerdown", 8104, "--incident", "corrupt_shard", "--fast-forward", "290")
+    extra = ExtraTrainer(lab, "pagerdown", 8104, "--incident", "corrupt_shard", "--fast-forward", "275")
     try:
         record = lab.records()["pager"]
         lab.stop("pager")
@@ -146,7 +146,7 @@ def test_broken_rule_edit_is_refused_by_reload_and_old_rules_keep_firing(lab):
         res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
         assert res.returncode == 1
         assert "refused" in res.stdout and "alerts.yml" in res.stdout and "parse error" in res.stdout
-        extra = ExtraTrainer(lab, "reload", 8105, "--incident", "corrupt_shard", "--fast-forward", "292")
+        extra = ExtraTrainer(lab, "reload", 8105, "--incident", "corrupt_shard", "--fast-forward", "275")
         try:
             wait_for(lambda: pages(lab, extra.run_id, "GradientNormJump"), 40, "a page from the old rules")
         finally:
