@@ -361,12 +361,3 @@ def make_server(
     server.runbooks = runbooks  # GET /runbooks/<Alert>.md serves this folder's runbooks
     server.ready.set()
     return server
-
-
-def serve(host: str, port: int, log_path: Path) -> None:
-    """Run the pager until interrupted. Do not use in tests; use make_server() in a thread."""
-    server = make_server(host, port, log_path)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()

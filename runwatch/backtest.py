@@ -83,7 +83,6 @@ def duration_seconds(text: str) -> float:
 class Rules:
     """The rules of a directory, split as the backtest needs them."""
 
-    files: list[Path]
     recording: list[dict] = field(default_factory=list)  # {"record", "expr", ...}
     alerting: list[dict] = field(default_factory=list)  # {"alert", "expr", "for", ...}
 
@@ -95,7 +94,7 @@ def load_rules(rules_dir: Path, promtool: str) -> Rules:
     proc = subprocess.run([promtool, "check", "rules", *map(str, files)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise UsageError(f"--rules: promtool check rules refused {rules_dir}:\n{(proc.stdout + proc.stderr).strip()}")
-    rules = Rules(files)
+    rules = Rules()
     for f in files:
         for group in (yaml.safe_load(f.read_text()) or {}).get("groups", []):
             for rule in group.get("rules", []):

@@ -232,8 +232,6 @@ def scoreboard_line(path: Path) -> str:
 
 # --- runwatch postmortem ---
 
-SECTIONS = ("Contributing factors", "Action items")
-
 
 def postmortem(args: argparse.Namespace) -> int:
     from runwatch import picture

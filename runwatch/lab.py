@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -352,7 +353,7 @@ def add_up(p: argparse.ArgumentParser) -> Command:
     return up
 
 
-def add_simple(fn: Command) -> object:
+def add_simple(fn: Command) -> Callable[[argparse.ArgumentParser], Command]:
     def add(p: argparse.ArgumentParser) -> Command:
         _common(p)
         return fn

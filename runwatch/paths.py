@@ -42,7 +42,6 @@ class Layout:
         self.rules_dir = self.prometheus_dir / "rules"
         self.rule_tests_dir = self.prometheus_dir / "tests"
         self.alertmanager_yml = self.root / "alertmanager" / "alertmanager.yml"
-        self.runbooks_dir = self.root / "runbooks"
 
     def rule_files(self, rules_dir: Path | None = None) -> list[Path]:
         return sorted((rules_dir or self.rules_dir).glob("*.yml"))

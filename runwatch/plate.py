@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")
 INCIDENTS = ("none", "lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
-ONSET = 300
 
 # The plate's readouts: the step at which each alert first fired, as printed ("-": the plate
 # gives no readout for that pair).
