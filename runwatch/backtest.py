@@ -40,10 +40,10 @@ import yaml
 
 from exporter.metrics import STEP
 from runwatch import plate
-from runwatch.cli import Command, UsageError
+from runwatch.cli import Command, UsageError, check_writable
 from runwatch.paths import Layout, binary
 from runwatch.promserver import Process, free_port, query_range
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, write_atomic
 from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, write_openmetrics
 from trainer.run import Trainer
 
@@ -454,8 +454,8 @@ def run(args: argparse.Namespace) -> int:
     rules_dir = args.rules or Layout().rules_dir
     if not rules_dir.is_dir():
         raise UsageError(f"--rules: {rules_dir} is not a directory")
-    if args.json is not None and not (args.json.parent.is_dir() and os.access(args.json.parent, os.W_OK)):
-        raise UsageError(f"--json: cannot write {args.json}: its directory does not exist or is not writable")
+    if args.json is not None:
+        check_writable(args.json, "--json")
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers: must be at least 1, got {args.workers}")
     # SIGTERM as well as Ctrl-C unwinds through the finally blocks that stop Prometheus.
@@ -470,7 +470,5 @@ def run(args: argparse.Namespace) -> int:
           f"{result.samples:,} samples, in {wall:.1f}s")  # fmt: skip
     if args.json is not None:
         doc = {"runs": result.runs, "summary": summary}
-        tmp = args.json.with_name(f".{args.json.name}.tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, args.json)
+        write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     return 0

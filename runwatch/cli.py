@@ -9,8 +9,11 @@ Every usage error is one line naming the flag, with exit status 2, so a learner 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 class UsageError(Exception):
@@ -25,6 +28,17 @@ class Parser(argparse.ArgumentParser):
 
 
 Command = Callable[[argparse.Namespace], int]
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Make sure a file can be created beside `path` (by creating and removing one), or raise a
+    UsageError naming the flag, before any work is done."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as err:
+        raise UsageError(f"{flag}: cannot write {path}: {err.strerror}") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Command]]]:

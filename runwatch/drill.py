@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,10 +27,10 @@ import requests
 
 from oncall.pager import read_pages
 from runwatch import lab as lab_mod
-from runwatch.cli import Command, UsageError
+from runwatch.cli import Command, UsageError, check_writable
 from runwatch.promserver import instant
 from runwatch.train_cmd import DRILL_ONSET_RANGE
-from trainer.config import INCIDENTS
+from trainer.config import INCIDENTS, write_atomic
 from trainer.sealed import unseal
 
 PROMETHEUS = f"http://127.0.0.1:{lab_mod.PORTS['prometheus']}"
@@ -59,9 +58,7 @@ class Drill:
         return json.loads(self.path.read_text())
 
     def save(self, record: dict) -> None:
-        tmp = self.path.with_name(".drill.json.tmp")
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(record, indent=2) + "\n")
 
     def answer(self, record: dict) -> dict:
         return unseal(self.lab.runs / record["run_id"] / "answer.sealed")
@@ -245,8 +242,7 @@ def postmortem(args: argparse.Namespace) -> int:
             "postmortem: diagnose the drill first (`runwatch diagnose INCIDENT`): the timeline needs the truth"
         )
     out = args.out or Path(f"postmortem-{run_id}.md")
-    if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
-        raise UsageError(f"--out: cannot write {out}: its directory does not exist or is not writable")
+    check_writable(out, "--out")
     events = [(record["started_at"], "Drill started (lab up, trainer running)")]
     if record["diagnosis"].get("onset_at"):
         events.append(
@@ -311,9 +307,7 @@ def postmortem(args: argparse.Namespace) -> int:
         "_Fill in: owner, action, due. Alert changes can be measured first with `runwatch backtest`._",
         "",
     ]
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text("\n".join(md))
-    os.replace(tmp, out)
+    write_atomic(out, "\n".join(md))
     print(f"wrote {out} ({len(events)} timeline events)")
     return 0
 

@@ -36,7 +36,7 @@ import requests
 from runwatch.cli import Command, UsageError
 from runwatch.paths import REPO, Layout, binary
 from runwatch.promserver import port_is_free, wait_ready
-from trainer.config import INCIDENTS
+from trainer.config import INCIDENTS, write_atomic
 
 DEFAULT_STATE = Path(".runwatch")
 PORTS = {"trainer": 8000, "pager": 9095, "alertmanager": 9093, "prometheus": 9090}
@@ -84,10 +84,7 @@ class Lab:
 
     def write_target(self, job_file: str, addresses: list[str]) -> None:
         """Write targets/<job_file>.json atomically: file_sd must never read half a file."""
-        path = self.targets / f"{job_file}.json"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps([{"targets": addresses}]) + "\n")
-        os.replace(tmp, path)
+        write_atomic(self.targets / f"{job_file}.json", json.dumps([{"targets": addresses}]) + "\n")
 
     def remove_target(self, job_file: str) -> None:
         (self.targets / f"{job_file}.json").unlink(missing_ok=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 import requests
 
 from runwatch import dashboards as dq
-from runwatch.cli import Command, UsageError
+from runwatch.cli import Command, UsageError, check_writable
 from runwatch.promserver import PromQLError, instant, query_range
 
 PANELS = {
@@ -134,8 +134,7 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.out.parent.is_dir() or not os.access(args.out.parent, os.W_OK):
-        raise UsageError(f"--out: cannot write {args.out}: its directory does not exist or is not writable")
+    check_writable(args.out, "--out")
     base = args.prometheus.rstrip("/")
     try:
         requests.get(f"{base}/-/ready", timeout=3).raise_for_status()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from exporter.metrics import HIDDEN, TrainerMetrics
 from exporter.server import PortInUseError, start
-from runwatch.cli import Command, UsageError
+from runwatch.cli import Command, UsageError, check_writable
 from trainer.config import INCIDENTS, ConfigError, TrainConfig
 from trainer.live import RunRecord, run_live
 from trainer.offline import simulate, write_openmetrics
@@ -89,17 +89,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
     return cfg, public
 
 
-def _check_writable(path: Path, flag: str) -> None:
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
-    except OSError as err:
-        raise UsageError(f"{flag}: cannot write {path}: {err.strerror}") from None
-    os.close(fd)
-    os.unlink(tmp)
-
-
 def run_offline(cfg: TrainConfig, out: Path) -> int:
-    _check_writable(out, "--out")
+    check_writable(out, "--out")
     t0 = time.perf_counter()
     run = simulate(cfg)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
@@ -154,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or Path("runs") / cfg.label
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _check_writable(run_dir / "run.json", "--run-dir")
+        check_writable(run_dir / "run.json", "--run-dir")
     except OSError as err:
         raise UsageError(f"--run-dir: cannot create {run_dir}: {err.strerror}") from None
     # Ctrl-C and SIGTERM only ask the loop to stop, so run.json is always rewritten whole.

@@ -2,7 +2,6 @@
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -12,12 +11,7 @@ import pytest
 
 from runwatch.lab import Lab
 from runwatch.paths import REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from runwatch.promserver import free_port  # noqa: F401 (tests import it from here)
 
 
 def need(binary: str) -> str:

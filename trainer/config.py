@@ -127,6 +127,7 @@ def write_atomic(path: Path, text: str) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide run.json and reports from other readers
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
