@@ -70,7 +70,11 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert res.stdout.startswith("CORRECT: you said corrupt_shard; it was corrupt_shard from step 247.")
     assert "+3 steps off" in res.stdout
     grade = json.loads((state / "drill.json").read_text())["grade"]
-    assert 0 < grade["onset_to_first_page_s"] < 10
+    # onset is the scrape that first saw the onset step. The phase from scrape to rule evaluation
+    # is fixed per host: 0.8 s here, but on CI's host the evaluation came right after the scrape
+    # and the page landed within 50 ms, which rounds to 0.0 s
+    assert grade["onset_to_first_page_s"] is not None
+    assert 0 <= grade["onset_to_first_page_s"] < 10
     assert 0 < grade["first_page_to_ack_s"] < grade["first_page_to_diagnosis_s"]
     res = runwatch("diagnose", "corrupt_shard", "--state-dir", str(state), cwd=tmp_path)
     assert res.returncode == 2 and "already diagnosed" in res.stderr
