@@ -28,6 +28,13 @@ def runwatch(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Complete
     )
 
 
+def edit(path: Path, old: str, new: str, count: int = -1) -> None:
+    """A learner's edit of a config file; the text it replaces must be there, or the test proves nothing."""
+    text = path.read_text()
+    assert old in text, f"{path.name} no longer contains {old!r}"
+    path.write_text(text.replace(old, new, count))
+
+
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ import pytest
 from runwatch.backtest import duration_seconds, parse_seeds
 from runwatch.cli import UsageError
 from runwatch.paths import REPO
+from tests.conftest import edit
 
 
 def backtest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -74,7 +75,8 @@ def test_an_edited_rule_changes_what_it_catches(tmp_path):
     rules = tmp_path / "rules"
     shutil.copytree(REPO / "prometheus" / "rules", rules)
     alerts = rules / "alerts.yml"
-    alerts.write_text(alerts.read_text().replace("ratio20s > 2", "ratio20s > 1.5").replace("for: 10s", "for: 3s"))
+    edit(alerts, "ratio20s > 2", "ratio20s > 1.5")
+    edit(alerts, "for: 10s", "for: 3s")
     res = backtest(
         "--seeds", "0-2", "--incidents", "repeated_batch", "--rules", str(rules), "--json", "e.json", cwd=tmp_path
     )
@@ -88,7 +90,7 @@ def test_an_edited_rule_changes_what_it_catches(tmp_path):
 def test_rules_that_fail_promtool_are_refused_with_its_message(tmp_path):
     rules = tmp_path / "rules"
     shutil.copytree(REPO / "prometheus" / "rules", rules)
-    (rules / "alerts.yml").write_text((rules / "alerts.yml").read_text().replace("> 3\n", ">> 3\n", 1))
+    edit(rules / "alerts.yml", "> 3\n", ">> 3\n", 1)
     res = backtest("--seeds", "0", "--rules", str(rules), cwd=tmp_path)
     assert res.returncode == 2
     first = res.stderr.splitlines()[0]

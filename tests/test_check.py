@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from runwatch.paths import REPO
+from tests.conftest import edit
 
 
 def check(root: Path) -> subprocess.CompletedProcess:
@@ -31,7 +32,7 @@ def test_the_repository_passes(copy):
 
 def test_broken_yaml_in_a_rule_file_names_the_file(copy):
     alerts = copy / "prometheus" / "rules" / "alerts.yml"
-    alerts.write_text(alerts.read_text().replace("    rules:\n", "    rules:\n  - broken: [\n", 1))
+    edit(alerts, "    rules:\n", "    rules:\n  - broken: [\n", 1)
     res = check(copy)
     assert res.returncode == 1
     assert "FAIL  promtool check rules" in res.stdout
@@ -40,7 +41,7 @@ def test_broken_yaml_in_a_rule_file_names_the_file(copy):
 
 def test_bad_promql_is_promtools_own_message(copy):
     alerts = copy / "prometheus" / "rules" / "alerts.yml"
-    alerts.write_text(alerts.read_text().replace("avg60s > 3", "avg60s >> 3", 1))
+    edit(alerts, "avg60s > 3", "avg60s >> 3", 1)
     res = check(copy)
     assert res.returncode == 1
     assert "parse error" in res.stdout and "alerts.yml" in res.stdout
@@ -48,7 +49,7 @@ def test_bad_promql_is_promtools_own_message(copy):
 
 def test_a_threshold_edit_that_breaks_a_unit_test_is_reported(copy):
     alerts = copy / "prometheus" / "rules" / "alerts.yml"
-    alerts.write_text(alerts.read_text().replace("avg60s > 3", "avg60s > 3.5", 1))
+    edit(alerts, "avg60s > 3", "avg60s > 3.5", 1)
     res = check(copy)
     assert res.returncode == 1
     assert "ok    promtool check rules" in res.stdout
@@ -57,7 +58,7 @@ def test_a_threshold_edit_that_breaks_a_unit_test_is_reported(copy):
 
 def test_broken_alertmanager_config_is_amtools_message(copy):
     am = copy / "alertmanager" / "alertmanager.yml"
-    am.write_text(am.read_text().replace("receiver: oncall-ticket", "receiver: nobody", 1))
+    edit(am, "receiver: oncall-ticket", "receiver: nobody", 1)
     res = check(copy)
     assert res.returncode == 1
     assert "FAIL  amtool check-config" in res.stdout and "nobody" in res.stdout

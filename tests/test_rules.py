@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from runwatch.paths import REPO
-from tests.conftest import need
+from tests.conftest import edit, need
 
 RULES = REPO / "prometheus" / "rules"
 TESTS = REPO / "prometheus" / "tests"
@@ -87,8 +87,7 @@ def test_an_edited_threshold_breaks_the_plates_signature(tmp_path, old, new, fai
     """The generated incident tests can fail: move a threshold and promtool says which alert."""
     shutil.copytree(REPO / "prometheus", tmp_path / "prometheus")
     alerts = tmp_path / "prometheus" / "rules" / "alerts.yml"
-    assert old in alerts.read_text()
-    alerts.write_text(alerts.read_text().replace(old, new))
+    edit(alerts, old, new)
     res = promtool("test", "rules", "prometheus/tests/incidents.test.yml", cwd=tmp_path)
     assert res.returncode != 0
     assert failing in res.stdout + res.stderr
