@@ -79,13 +79,25 @@ def collect(base: str, run_id: str, since_s: float, now: float | None = None) ->
                 data.series.setdefault(key, {})[q.legend] = pts
     for q in (q for q in queries if q.kind == "annotation" and q.title == "Incident window"):
         for series in dq.run(base, q, variables, start, end):
-            steps = sorted(step_at[round(float(t), 3)] for t, _ in series["values"] if round(float(t), 3) in step_at)
-            for s in steps:  # contiguous steps become one shaded window
-                if data.incident and s <= data.incident[-1][1] + 1:
-                    data.incident[-1] = (data.incident[-1][0], s)
-                else:
-                    data.incident.append((s, s))
+            active = sorted({step_at[round(float(t), 3)] for t, _ in series["values"] if round(float(t), 3) in step_at})
+            data.incident = windows(active, observed=set(step_at.values()))
     return data
+
+
+def windows(active: list[int], observed: set[int]) -> list[tuple[int, int]]:
+    """Join the sorted active steps into shaded (first, last) windows.
+
+    A step shorter than the 1 s scrape interval can fall between two scrapes, so Prometheus
+    never holds it. Such a gap says nothing about the incident; only a step that was scraped
+    and found inactive ends a window.
+    """
+    out: list[tuple[int, int]] = []
+    for s in active:
+        if out and not any(out[-1][1] < o < s for o in observed):
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
 
 
 def draw(data: PlateData, out: Path) -> None:
