@@ -114,6 +114,9 @@ def test_ctrl_c_stops_prometheus(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "runwatch", "backtest", "--seeds", "0-5"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # As in a terminal: a suite launched in the background (`make test &`) inherits an
+        # ignored SIGINT, and Python then never raises KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     deadline = time.monotonic() + 120
     seen = ""
