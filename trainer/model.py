@@ -27,15 +27,15 @@ def sample(rng: np.random.Generator, means: np.ndarray, n: int, noise: float) ->
     return x, y
 
 
-def _log_softmax(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    logits = x @ w + b
-    logits -= logits.max(axis=1, keepdims=True)
-    return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax, shifted by the row maximum; in the logits' own dtype."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
 
 def loss(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
     """Mean cross-entropy in nats."""
-    logp = _log_softmax(x, w, b)
+    logp = _log_softmax(x @ w + b)
     return float(-logp[np.arange(len(y)), y].mean())
 
 
@@ -50,8 +50,7 @@ def forward_backward(
 ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
     """loss_and_grad in float64, plus the logits (the final layer's activations)."""
     logits = x @ w + b
-    z = logits - logits.max(axis=1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    logp = _log_softmax(logits)
     n = len(y)
     rows = np.arange(n)
     value = float(-logp[rows, y].mean())
@@ -92,9 +91,8 @@ def loss_fp16(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray) -> flo
     """Mean cross-entropy computed in float16 (the held-out evaluation of a mixed-precision run)."""
     h = np.float16
     logits = x.astype(h) @ w.astype(h) + b.astype(h)
-    z = logits - logits.max(axis=1, keepdims=True)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        logp = _log_softmax(logits)
     return float(-logp[np.arange(len(y)), y].astype(np.float32).mean())
 
 
