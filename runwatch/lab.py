@@ -171,7 +171,7 @@ class Lab:
                 comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
         record = {"pid": proc.pid, "argv": comp.argv, "ready_url": comp.ready_url, "url": comp.url}
-        (self.pids / f"{comp.name}.json").write_text(json.dumps(record) + "\n")
+        write_atomic(self.pids / f"{comp.name}.json", json.dumps(record) + "\n")
         if not wait_ready(comp.ready_url, 60, proc):
             tail = (self.logs / f"{comp.name}.log").read_text(errors="replace").strip().splitlines()[-3:]
             raise UsageError(f"{comp.name} did not start: {' | '.join(tail)} (log: {self.logs / comp.name}.log)")
@@ -245,7 +245,7 @@ def up(args: argparse.Namespace) -> int:
     lab.write_target("prometheus", [f"127.0.0.1:{PORTS['prometheus']}"])
     lab.write_target("alertmanager", [f"127.0.0.1:{PORTS['alertmanager']}"])
     lab.write_target("pager", [f"127.0.0.1:{PORTS['pager']}"])
-    (lab.state / "lab.json").write_text(json.dumps({"run_id": run_id, "root": str(lab.layout.root)}) + "\n")
+    write_atomic(lab.state / "lab.json", json.dumps({"run_id": run_id, "root": str(lab.layout.root)}) + "\n")
     try:
         for comp in comps:
             lab.start(comp)
@@ -263,7 +263,7 @@ def up(args: argparse.Namespace) -> int:
                 if not lab.alive(rec) and not rec.get("reported"):
                     print(f"runwatch up: {name} exited; see {lab.logs / name}.log", file=sys.stderr, flush=True)
                     rec["reported"] = True
-                    (lab.pids / f"{name}.json").write_text(json.dumps(rec) + "\n")
+                    write_atomic(lab.pids / f"{name}.json", json.dumps(rec) + "\n")
     except KeyboardInterrupt:
         print("stopping:", ", ".join(lab.stop_all()) or "nothing was running", flush=True)
     return 0

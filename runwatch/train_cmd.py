@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
+import io
 import random
 import secrets
 import signal
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 from exporter.metrics import HIDDEN, TrainerMetrics
 from exporter.server import PortInUseError, start
 from runwatch.cli import Command, UsageError, check_writable
-from trainer.config import INCIDENTS, ConfigError, TrainConfig
+from trainer.config import INCIDENTS, ConfigError, TrainConfig, write_atomic
 from trainer.live import RunRecord, run_live
 from trainer.offline import simulate, write_openmetrics
 from trainer.run import Trainer
@@ -93,14 +92,9 @@ def run_offline(cfg: TrainConfig, out: Path) -> int:
     check_writable(out, "--out")
     t0 = time.perf_counter()
     run = simulate(cfg)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            n = write_openmetrics([run], fh)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = io.StringIO()  # one run is about 1 MB: built in memory, then written atomically
+    n = write_openmetrics([run], text)
+    write_atomic(out, text.getvalue())
     print(f"wrote {n} samples of run {cfg.label} to {out} in {time.perf_counter() - t0:.2f}s")
     return 0
 
