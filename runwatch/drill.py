@@ -101,6 +101,8 @@ def firing_in_alertmanager(alert: str, run_id: str) -> list[dict]:
 
 
 def ack(args: argparse.Namespace) -> int:
+    if not args.expires > 0:
+        raise UsageError(f"--expires: a silence must last more than 0 minutes, got {args.expires:g}")
     d = Drill(args.state_dir)
     record = d.load()
     run_id = record["run_id"]

@@ -103,3 +103,16 @@ def test_a_healthy_drill_graded_no_incident_is_correct(tmp_path, state):
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("CORRECT: you said none; it was none.")
     assert "scoreboard: 1/1" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [(["drill", "--fast-forward", "240"], "--fast-forward"), (["ack", "HeldOutGap", "--expires", "0"], "--expires"),
+     (["ack", "HeldOutGap"], "no drill"), (["diagnose", "meteor"], "unknown incident"),
+     (["diagnose", "none"], "no drill"), (["postmortem"], "no drill")],
+)  # fmt: skip
+def test_drill_commands_refuse_bad_input_in_one_line(tmp_path, args, names):
+    state = tmp_path / "state"
+    res = runwatch(*args, "--state-dir", str(state), cwd=tmp_path)
+    assert res.returncode == 2 and names in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not state.exists()  # nothing was started or written
