@@ -88,7 +88,7 @@ class Rules:
 
 
 def load_rules(rules_dir: Path, promtool: str) -> Rules:
-    files = sorted(rules_dir.glob("*.yml")) + sorted(rules_dir.glob("*.yaml"))
+    files = Layout().rule_files(rules_dir)  # what prometheus.yml loads: rules/*.yml
     if not files:
         raise UsageError(f"--rules: no .yml rule files in {rules_dir}")
     proc = subprocess.run([promtool, "check", "rules", *map(str, files)], capture_output=True, text=True)
