@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainer.config import INCIDENTS as INCIDENTS  # re-exported: the plate's incidents are the trainer's
+
 ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")
-INCIDENTS = ("none", "lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
 
 # The plate's readouts: the step at which each alert first fired, as printed ("-": the plate
 # gives no readout for that pair).
