@@ -13,5 +13,7 @@ COPY oncall ./oncall
 COPY runwatch ./runwatch
 RUN pip install --no-cache-dir .
 
+# Log lines reach `docker compose logs` as they are written, not when a buffer fills.
+ENV PYTHONUNBUFFERED=1
 USER runwatch
 EXPOSE 8000 9095

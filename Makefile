@@ -1,11 +1,16 @@
 # One-command entry points for a fresh Debian or Ubuntu machine.
-#   make lab    the lab without Docker (venv, project, Prometheus and Alertmanager, then runwatch up)
-#   make test   the same set-up, then the whole test suite
+#   make lab           the lab without Docker (venv, project, Prometheus and Alertmanager, then runwatch up)
+#   make test          the same set-up, then the whole test suite but the compose end-to-end test
+#   make test-compose  docker-compose.yml run for real: on Docker if there is one, else on Podman
 VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := prometheus prometheus-alertmanager
+# Podman's Docker API runs the compose file where there is no Docker engine: netavark and
+# aardvark-dns give containers their service names (the CNI alternative apt may pick has no
+# DNS); debootstrap and busybox-static build the substitute images (compose/podman/README.md).
+PODMAN_APT_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap busybox-static
 
-.PHONY: lab test binaries lint bench
+.PHONY: lab test test-compose binaries compose-runtime lint bench
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -13,19 +18,44 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-# Debian names Alertmanager's binary prometheus-alertmanager; upstream calls it alertmanager.
-binaries:
-	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v amtool >/dev/null \
-	   && { command -v alertmanager >/dev/null || command -v prometheus-alertmanager >/dev/null; }; then :; \
+# Install Debian packages that are missing, as root; otherwise say which apt-get line to run.
+# No recommends: docker-compose would bring Docker's engine, which this does not need.
+define apt_install
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	  echo "installing $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	else \
-	  echo "runwatch needs Prometheus and Alertmanager: run 'sudo apt-get install $(APT_PACKAGES)', then make again"; \
+	  echo "runwatch needs: sudo apt-get install $$missing, then make again"; \
 	  exit 1; \
 	fi
+endef
 
-test: $(VENV)/.installed binaries
-	$(PY) -m pytest -q
+# Debian names Alertmanager's binary prometheus-alertmanager; upstream calls it alertmanager.
+binaries:
+	$(call apt_install,$(APT_PACKAGES))
+
+# With a Docker engine (DOCKER_HOST or its socket) only the Compose CLI is needed.
+compose-runtime:
+	@if [ -n "$$DOCKER_HOST" ] || [ -S /var/run/docker.sock ]; then \
+	  $(MAKE) --no-print-directory apt-compose-cli; \
+	else \
+	  $(MAKE) --no-print-directory apt-compose-podman; \
+	fi
+
+.PHONY: apt-compose-cli apt-compose-podman
+# docker-compose is also the real Compose parser of tests/test_compose.py, in `make test`.
+apt-compose-cli:
+	$(call apt_install,docker-compose)
+apt-compose-podman:
+	$(call apt_install,docker-compose $(PODMAN_APT_PACKAGES))
+
+test: $(VENV)/.installed binaries apt-compose-cli
+	$(PY) -m pytest -q -m "not compose"
+
+test-compose: $(VENV)/.installed binaries compose-runtime
+	$(PY) -m pytest -q -m compose tests/test_compose_e2e.py
 
 lab: $(VENV)/.installed binaries
 	$(VENV)/bin/runwatch up

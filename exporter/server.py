@@ -30,6 +30,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.split("?")[0] == "/metrics":
             body = self.server.render()
             self._reply(200, CONTENT_TYPE_LATEST, body)
+            if self.headers.get("User-Agent", "").startswith("Prometheus/"):
+                self.server.scraped.set()
         elif self.path in ("/-/healthy", "/-/ready"):
             self._reply(200, "text/plain", b"OK\n")
         elif self.path == "/":
@@ -59,6 +61,8 @@ class MetricsServer(ThreadingHTTPServer):
             registry=registry,
         )
         self._lock = threading.Lock()
+        # Set once Prometheus itself (not a curl, not a healthcheck) has scraped /metrics.
+        self.scraped = threading.Event()
         try:
             super().__init__((host, port), _Handler)
         except OSError as err:

@@ -12,21 +12,26 @@ import argparse
 import contextlib
 import errno
 import json
+import signal
 import sys
 import threading
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 from urllib.parse import urlsplit
 
-from oncall.pager import make_server
+from oncall.pager import WATCHDOG_SILENT, WATCHDOG_TIMEOUT_S, make_server
 
 DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
 DEFAULT_RUNBOOKS = Path(__file__).resolve().parents[1] / "runbooks"  # the checkout's runbooks/
 
 
 def runbook_path(page: dict[str, Any]) -> str:
-    """Return the repo-relative runbook for a page: the .md named by runbook_url, else runbooks/<alert>.md."""
-    name = urlsplit(page.get("runbook_url") or "").path.rstrip("/").rsplit("/", 1)[-1]
+    """Return the runbook link to print for a page: its runbook_url when that is a URL that opens
+    (http or https), else the repo-relative runbooks/<name>.md it names, else runbooks/<alert>.md."""
+    url = page.get("runbook_url") or ""
+    if urlsplit(url).scheme in ("http", "https"):
+        return url
+    name = urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
     return f"runbooks/{name}" if name.endswith(".md") else f"runbooks/{page.get('alert') or 'unknown'}.md"
 
 
@@ -104,6 +109,20 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _interrupt(*_: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 86400], got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     if not text.isdigit() or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
@@ -134,6 +153,10 @@ def serve_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=_port, default=9095, help="port to listen on (default 9095)")
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to append to (default {DEFAULT_LOG})")
     parser.add_argument("--runbooks", type=Path, default=DEFAULT_RUNBOOKS, help="folder served at /runbooks/")
+    parser.add_argument(
+        "--watchdog-timeout", type=_seconds, default=WATCHDOG_TIMEOUT_S, metavar="SECONDS",
+        help=f"page {WATCHDOG_SILENT} when the Watchdog heartbeat stops this long (default {WATCHDOG_TIMEOUT_S:g})",
+    )  # fmt: skip
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
@@ -142,7 +165,9 @@ def serve_main(argv: list[str] | None = None) -> int:
         print(f"{parser.prog}: --runbooks: {args.runbooks} is not a directory", file=sys.stderr)
         return 2
     try:
-        server = make_server(args.host, args.port, args.log, runbooks=args.runbooks)
+        server = make_server(
+            args.host, args.port, args.log, runbooks=args.runbooks, watchdog_timeout=args.watchdog_timeout
+        )
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             print(f"{parser.prog}: port {args.port} is already in use (--port)", file=sys.stderr)
@@ -155,6 +180,9 @@ def serve_main(argv: list[str] | None = None) -> int:
         return 2
     host, port = server.server_address[:2]
     print(f"{parser.prog}: listening on http://{host}:{port}/webhook, page log {args.log}", file=sys.stderr)
+    # As PID 1 in a container, SIGTERM without a handler is ignored and `docker compose stop`
+    # waits 10 s to SIGKILL: stop as Ctrl-C does, closing the server.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

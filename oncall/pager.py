@@ -5,6 +5,12 @@ webhook gets its 200, so an acknowledged page survives a crash. Alertmanager re-
 (repeat_interval, group changes, retries); a page is identified by (fingerprint, startsAt,
 status), and repeats are counted, not stored. The dedup set is rebuilt from the log on start.
 
+The pager is also the lab's dead-man's switch: Alertmanager posts the always-firing `Watchdog`
+alert to /watchdog every few seconds. Once heard, a heartbeat that stops for `watchdog_timeout`
+seconds (Prometheus, Alertmanager or the route between them is down) becomes a page of the
+pager's own, `WatchdogSilent`, and a resolution when the heartbeat returns. Nothing else in the
+lab can page about the alerting pipeline itself, because that pipeline is what carries pages.
+
 Do not use this to decide whether an alert should fire; that lives in the PromQL rule files.
 Do not point two pager processes at one log: the lock that keeps lines whole is per process.
 
@@ -30,10 +36,15 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-ROUTES = {"/webhook": "POST", "/-/healthy": "GET", "/-/ready": "GET", "/metrics": "GET"}
+# Runbooks are served by the pager itself, at the address it has in both worlds.
+RUNBOOK_BASE = "http://127.0.0.1:9095/runbooks"
+ROUTES = {"/webhook": "POST", "/watchdog": "POST", "/-/healthy": "GET", "/-/ready": "GET", "/metrics": "GET"}
 STATUSES = ("firing", "resolved")
 RUNBOOK_NAME = re.compile(r"[A-Za-z0-9_-]+\.md")  # no slashes, no dots but the suffix: no way out of the folder
 DRAIN_LIMIT = 16 << 20  # bytes of an oversized body read and discarded so the client sees the 413
+WATCHDOG_SILENT = "WatchdogSilent"
+# Alertmanager repeats the Watchdog every 10 s (alertmanager.yml); three missed beats page.
+WATCHDOG_TIMEOUT_S = 30.0
 
 
 class PayloadError(ValueError):
@@ -189,6 +200,57 @@ class PageLog:
             return new, len(records) - len(new)
 
 
+class Watchdog:
+    """The dead-man's switch: when the heartbeat last arrived, and whether its silence has paged.
+
+    Armed by the first heartbeat, so a pager started before Alertmanager does not page.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.last_beat: float | None = None
+        self.silent_since: str | None = None  # startsAt of the open WatchdogSilent page
+        self._lock = threading.Lock()
+
+    def beat(self, now: float) -> dict[str, Any] | None:
+        """A heartbeat arrived; return the resolution to store if the silence had paged."""
+        with self._lock:
+            self.last_beat = now
+            if self.silent_since is None:
+                return None
+            starts, self.silent_since = self.silent_since, None
+        return self._record("resolved", starts, now, f"The Watchdog heartbeat is back after a silence since {starts}.")
+
+    def check(self, now: float) -> dict[str, Any] | None:
+        """The page to store if the heartbeat has just gone silent for longer than the timeout."""
+        with self._lock:
+            if self.last_beat is None or self.silent_since is not None or now - self.last_beat <= self.timeout:
+                return None
+            self.silent_since = rfc3339_ms(self.last_beat)
+            starts = self.silent_since
+        return self._record(
+            "firing", starts, now,
+            f"No Watchdog heartbeat from Alertmanager for {now - self.last_beat:.0f}s (timeout {self.timeout:g}s): "
+            "Prometheus or Alertmanager is down, or cannot reach the pager; pages may be lost.",
+        )  # fmt: skip
+
+    @staticmethod
+    def _record(status: str, starts: str, now: float, description: str) -> dict[str, Any]:
+        alert = {
+            "status": status,
+            "labels": {"alertname": WATCHDOG_SILENT, "severity": "critical"},
+            "annotations": {
+                "summary": f"The alerting pipeline {'has gone silent' if status == 'firing' else 'is back'}",
+                "description": description,
+                "runbook_url": f"{RUNBOOK_BASE}/{WATCHDOG_SILENT}.md",
+            },
+            "fingerprint": "pager-watchdog",
+            "startsAt": starts,
+            "endsAt": rfc3339_ms(now) if status == "resolved" else "",
+        }
+        return page_record(alert, rfc3339_ms(now))
+
+
 class PagerMetrics:
     """The pager's own metrics, registered on the given registry."""
 
@@ -220,6 +282,11 @@ class PagerMetrics:
             "Unix time at which the most recent new page was stored.",
             registry=registry,
         )
+        self.watchdog = Gauge(
+            "runwatch_pager_watchdog_last_timestamp_seconds",
+            "Unix time at which the Watchdog heartbeat from Alertmanager last arrived, 0 if never.",
+            registry=registry,
+        )
         for status in STATUSES:
             self.pages.labels(status)
         for reason in ("malformed", "too_large", "length_required", "write_failed"):
@@ -241,11 +308,39 @@ class PagerServer(ThreadingHTTPServer):
         max_body: int,
         clock: Callable[[], float],
     ) -> None:
+        self.stopped = threading.Event()  # ends the watchdog thread; set before binding, which may fail
         super().__init__(address, _Handler)
         self.log, self.metrics, self.registry = log, metrics, registry
         self.max_body, self.clock = max_body, clock
         self.runbooks: Path | None = None
         self.ready = threading.Event()
+        self.watchdog = Watchdog(WATCHDOG_TIMEOUT_S)
+
+    def server_close(self) -> None:
+        self.stopped.set()
+        super().server_close()
+
+    def record_pages(self, records: list[dict[str, Any]], now: float) -> tuple[list[dict[str, Any]], int]:
+        """Store records in the page log and count them; raise OSError if the log cannot be written."""
+        stored, duplicates = self.log.store(records)
+        self.metrics.duplicates.inc(duplicates)
+        for record in stored:
+            self.metrics.pages.labels(record["status"]).inc()
+        if stored:
+            self.metrics.last_page.set(now)
+        return stored, duplicates
+
+    def watch(self, stop: threading.Event, every: float = 1.0) -> None:
+        """Page once when the Watchdog heartbeat stops (run in a thread until stop is set)."""
+        while not stop.wait(every):
+            now = self.clock()
+            record = self.watchdog.check(now)
+            if record is not None:
+                try:
+                    self.record_pages([record], now)
+                except OSError as e:  # the next heartbeat or check tries again
+                    print(f"runwatch pager-serve: cannot store {WATCHDOG_SILENT}: {e}", file=sys.stderr)
+                    self.watchdog.silent_since = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -277,8 +372,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, f"404 not found: {path}; try POST /webhook, GET /metrics\n".encode())
         elif self.command != ROUTES[path]:
             self._reply(405, f"405 method not allowed: use {ROUTES[path]} {path}\n".encode())
-        elif path == "/webhook":
-            self._webhook()
+        elif path in ("/webhook", "/watchdog"):
+            self._webhook(watchdog=path == "/watchdog")
         elif path == "/metrics":
             self._reply(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
         elif path == "/-/ready" and not self.server.ready.is_set():
@@ -295,7 +390,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(404, f"404 no runbook {name!r}\n".encode())
         self._reply(200, (folder / name).read_bytes(), "text/markdown; charset=utf-8")
 
-    def _webhook(self) -> None:
+    def _webhook(self, watchdog: bool = False) -> None:
         header = self.headers.get("Content-Length")
         if header is None:
             return self._reject(411, "length_required", "Content-Length", "header is required")
@@ -320,18 +415,19 @@ class _Handler(BaseHTTPRequestHandler):
         except PayloadError as e:
             return self._reject(400, "malformed", e.field, str(e).split(": ", 1)[1])
         now = self.server.clock()
-        records = [page_record(a, rfc3339_ms(now)) for a in alerts]
+        if watchdog:
+            # A firing Watchdog is the heartbeat; a resolved one means Prometheus stopped sending it.
+            records = []
+            if any(a["status"] == "firing" for a in alerts):
+                self.server.metrics.watchdog.set(now)
+                records = [r for r in [self.server.watchdog.beat(now)] if r is not None]
+        else:
+            records = [page_record(a, rfc3339_ms(now)) for a in alerts]
         try:
-            stored, duplicates = self.server.log.store(records)
+            stored, duplicates = self.server.record_pages(records, now)
         except OSError as e:
             return self._reject(500, "write_failed", "page log", f"cannot append to {self.server.log.path}: {e}")
-        metrics = self.server.metrics
-        metrics.notifications.inc()
-        metrics.duplicates.inc(duplicates)
-        for record in stored:
-            metrics.pages.labels(record["status"]).inc()
-        if stored:
-            metrics.last_page.set(now)
+        self.server.metrics.notifications.inc()
         self._json(200, {"stored": len(stored), "duplicates": duplicates})
 
 
@@ -343,6 +439,7 @@ def make_server(
     max_body: int = 1 << 20,
     clock: Callable[[], float] = time.time,
     runbooks: Path | None = None,
+    watchdog_timeout: float = WATCHDOG_TIMEOUT_S,
 ) -> PagerServer:
     """Load the page log and bind the pager to host:port (0 picks a free port); call serve_forever() to run it.
 
@@ -359,5 +456,7 @@ def make_server(
         metrics.last_page.set(datetime.fromisoformat(log.last_received).timestamp())
     server = PagerServer((host, port), log, metrics, registry, max_body, clock)
     server.runbooks = runbooks  # GET /runbooks/<Alert>.md serves this folder's runbooks
+    server.watchdog.timeout = watchdog_timeout
+    threading.Thread(target=server.watch, args=(server.stopped,), name="watchdog", daemon=True).start()
     server.ready.set()
     return server

@@ -9,6 +9,7 @@ Every usage error is one line naming the flag, with exit status 2, so a learner 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import tempfile
@@ -61,11 +62,14 @@ def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Comm
     ]
 
 
-def _delegated() -> dict[str, Callable[[list[str]], int]]:
-    """Subcommands that parse their own arguments (they are also runnable on their own)."""
-    from oncall import follow
-
-    return {"pager": follow.main, "pager-serve": follow.serve_main}
+# Subcommands that parse their own arguments (they are also runnable on their own), by module
+# and function: only the one asked for is imported, so `runwatch probe`, a healthcheck run every
+# few seconds, loads nothing but the standard library.
+DELEGATED = {
+    "pager": ("oncall.follow", "main"),
+    "pager-serve": ("oncall.follow", "serve_main"),
+    "probe": ("runwatch.probe", "main"),
+}
 
 
 def build_parser() -> tuple[Parser, dict[str, Command]]:
@@ -77,14 +81,15 @@ def build_parser() -> tuple[Parser, dict[str, Command]]:
         handlers[name] = add(p)
     sub.add_parser("pager", help="print the on-call page log; --follow to keep watching", add_help=False)
     sub.add_parser("pager-serve", help="run the on-call pager (Alertmanager's webhook receiver)", add_help=False)
+    sub.add_parser("probe", help="exit 0 if a URL answers 200: the containers' healthcheck", add_help=False)
     return parser, handlers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    delegated = _delegated()
-    if argv and argv[0] in delegated:
-        return delegated[argv[0]](argv[1:])
+    if argv and argv[0] in DELEGATED:
+        module, function = DELEGATED[argv[0]]
+        return getattr(importlib.import_module(module), function)(argv[1:])
     parser, handlers = build_parser()
     prog = "runwatch" + (f" {argv[0]}" if argv and argv[0] in handlers else "")
     try:

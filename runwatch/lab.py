@@ -10,8 +10,9 @@
 Everything it keeps lives in one state directory (default ./.runwatch): Prometheus's TSDB,
 Alertmanager's silences, the page log, each run's run.json, logs and PID files. So `down` then
 `up` keeps Prometheus's history. Prometheus reads prometheus/prometheus.yml and its rules through
-symlinks in the state directory, beside a targets/ folder of loopback addresses: the one
-place where the native lab differs from docker compose (which mounts compose/targets/ there).
+symlinks in the state directory, beside a targets/ folder of loopback addresses, and
+Alertmanager reads alertmanager/alertmanager.yml with each compose service name (`pager`) replaced
+by 127.0.0.1 (`loopback`). Those are the places where the native lab differs from docker compose.
 
 `up` stays in the foreground until Ctrl-C unless --detach; `down` stops what `up` started, by
 PID, after checking each PID still runs the command it was started with.
@@ -22,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import requests
@@ -37,18 +38,31 @@ from runwatch.cli import Command, UsageError
 from runwatch.paths import REPO, Layout, binary
 from runwatch.promserver import port_is_free, wait_ready
 from trainer.config import INCIDENTS, write_atomic
+from trainer.live import unique_run_id
 
 DEFAULT_STATE = Path(".runwatch")
 PORTS = {"trainer": 8000, "pager": 9095, "alertmanager": 9093, "prometheus": 9090}
 CONTROL_PORT = 8001  # the healthy control run, with --control
 
-# Shared with docker-compose.yml (tests/test_compose.py holds them equal).
+# Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
+# where a learner's browser reaches each server, natively and through compose's published ports,
+# so the links in alerts (generatorURL, Alertmanager's) open in both worlds.
 PROMETHEUS_FLAGS = [
     "--web.enable-lifecycle",  # `runwatch reload` POSTs /-/reload
+    f"--web.external-url=http://127.0.0.1:{PORTS['prometheus']}/",
     "--rules.alert.resend-delay=2s",  # an Alertmanager that restarts hears of firing alerts in 2 s, not 1 m
     "--storage.tsdb.retention.time=30d",
 ]
-ALERTMANAGER_FLAGS = ["--cluster.listen-address="]  # one Alertmanager: no gossip port
+ALERTMANAGER_FLAGS = [
+    "--cluster.listen-address=",  # one Alertmanager: no gossip port
+    f"--web.external-url=http://127.0.0.1:{PORTS['alertmanager']}/",
+]
+
+
+def loopback(config: str) -> str:
+    """A config file's compose addresses (`http://pager:9095`) as the native lab has them: every
+    service on 127.0.0.1, on the same port."""
+    return re.sub(rf"//({'|'.join(map(re.escape, PORTS))}):(\d+)", r"//127.0.0.1:\2", config)
 
 
 @dataclass
@@ -68,6 +82,7 @@ class Lab:
         self.pids = self.state / "pids"
         self.logs = self.state / "logs"
         self.prometheus_dir = self.state / "prometheus"
+        self.alertmanager_yml = self.state / "alertmanager" / "alertmanager.yml"
         self.targets = self.prometheus_dir / "targets"
         self.page_log = self.state / "pages.jsonl"
         self.runs = self.state / "runs"
@@ -81,6 +96,12 @@ class Lab:
             if link.is_symlink() or link.exists():
                 link.unlink()
             link.symlink_to(target.absolute())
+        self.render_alertmanager_config()
+
+    def render_alertmanager_config(self) -> None:
+        """Alertmanager's config as the repository has it, with loopback addresses."""
+        self.alertmanager_yml.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.alertmanager_yml, loopback(self.layout.alertmanager_yml.read_text()))
 
     def write_target(self, job_file: str, addresses: list[str]) -> None:
         """Write targets/<job_file>.json atomically: file_sd must never read half a file."""
@@ -95,7 +116,7 @@ class Lab:
         py = [sys.executable, "-m", "runwatch"]
         train = [*py, "train", "--incident", args.incident, "--seed", str(args.seed), "--run-id", run_id]
         train += ["--precision", args.precision]
-        train += ["--port", str(PORTS["trainer"]), "--run-dir", str(self.runs / run_id)]
+        train += ["--port", str(PORTS["trainer"]), "--run-dir", str(self.runs / run_id), "--wait-for-prometheus"]
         if args.fast_forward:
             train += ["--fast-forward", str(args.fast_forward)]
         if args.onset is not None:
@@ -115,7 +136,7 @@ class Lab:
                 "alertmanager",
                 [
                     binary("alertmanager"),
-                    f"--config.file={self.layout.alertmanager_yml.absolute()}",
+                    f"--config.file={self.alertmanager_yml}",
                     f"--storage.path={self.state / 'alertmanager-data'}",
                     f"--web.listen-address=127.0.0.1:{PORTS['alertmanager']}",
                     *ALERTMANAGER_FLAGS,
@@ -155,6 +176,7 @@ class Lab:
                         str(self.runs / control_id),
                         "--fast-forward",
                         str(args.fast_forward or 0),
+                        "--wait-for-prometheus",
                     ],
                     f"{loop}:{CONTROL_PORT}/-/ready",
                     f"{loop}:{CONTROL_PORT}/metrics",
@@ -213,6 +235,10 @@ class Lab:
         return [n for n in names if self.stop(n)]
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _port_owner_error(name: str, port: int) -> UsageError:
     return UsageError(f"port {port} is already in use ({name}): stop what holds it, or `runwatch down` a lab")
 
@@ -228,8 +254,7 @@ def up(args: argparse.Namespace) -> int:
     running = [n for n, r in lab.records().items() if lab.alive(r)]
     if running:
         raise UsageError(f"a lab is already running in {lab.state} ({', '.join(running)}): `runwatch down` first")
-    stamp = datetime.now(UTC).strftime("%H%M%S")
-    run_id = f"drill-{stamp}" if args.incident == "random" else f"{args.incident}-{args.seed}-{stamp}"
+    run_id = unique_run_id("drill" if args.incident == "random" else f"{args.incident}-{args.seed}")
     comps = lab.components(args, run_id)  # finds the binaries first: a missing one says what to install
     for comp in comps:
         port = int(comp.ready_url.rsplit(":", 1)[1].split("/")[0])
@@ -256,6 +281,7 @@ def up(args: argparse.Namespace) -> int:
     print(f"run {run_id}: pages with `runwatch pager --follow --log {lab.page_log}`; stop with `runwatch down`")
     if args.detach:
         return 0
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the lab as Ctrl-C does, never orphaning it
     try:
         while True:  # foreground: report a component that dies, stop everything on Ctrl-C
             time.sleep(1)
@@ -304,9 +330,11 @@ def reload(args: argparse.Namespace) -> int:
     lab = Lab(args.state_dir)
     meta = lab.state / "lab.json"
     layout = Layout(Path(json.loads(meta.read_text())["root"])) if meta.exists() else Layout()
+    lab.layout = layout
+    lab.render_alertmanager_config()
     checks = [
         [binary("promtool"), "check", "config", str(lab.prometheus_dir / "prometheus.yml")],
-        [binary("amtool"), "check-config", str(layout.alertmanager_yml)],
+        [binary("amtool"), "check-config", str(lab.alertmanager_yml)],
     ]
     for argv in checks:
         proc = subprocess.run(argv, capture_output=True, text=True)

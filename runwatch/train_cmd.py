@@ -21,7 +21,7 @@ from exporter.metrics import HIDDEN, TrainerMetrics
 from exporter.server import PortInUseError, start
 from runwatch.cli import Command, UsageError, check_writable
 from trainer.config import INCIDENTS, ConfigError, TrainConfig, write_atomic
-from trainer.live import RunRecord, run_live
+from trainer.live import RunRecord, run_live, unique_run_id
 from trainer.offline import simulate, write_openmetrics
 from trainer.run import Trainer
 from trainer.sealed import seal
@@ -38,13 +38,17 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--onset", type=int, default=None, help=f"first incident step (default {d.onset})")
     p.add_argument("--lr", type=float, default=None, help=f"SGD learning rate (default {d.lr})")
-    p.add_argument("--run-id", default="", help="label on every series (default INCIDENT-SEED)")
+    p.add_argument("--run-id", default="", help="label on every series (default INCIDENT-SEED, -HHMMSS when live)")
     p.add_argument("--port", type=int, default=8000, help="/metrics port on 127.0.0.1 (live)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve /metrics on (live)")
     p.add_argument("--fast-forward", type=int, default=0, metavar="STEP", help="train steps 0..STEP-1 unpaced first")
     p.add_argument("--run-dir", type=Path, default=None, help="where run.json goes (default runs/RUN_ID)")
     p.add_argument("--hold", type=float, default=None, metavar="SECONDS", help="keep serving after the run")
     p.add_argument("--drill-seed", type=int, default=None, help="make --incident random reproducible")
+    p.add_argument(
+        "--wait-for-prometheus", action="store_true",
+        help="hold the first live step until Prometheus has scraped /metrics (a lab whose Prometheus may start late)",
+    )  # fmt: skip
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision, loss scaling")
     p.add_argument(
         "--resume", type=Path, default=None, metavar="CHECKPOINT",
@@ -135,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
         return run_offline(cfg, args.out)
     if args.out is not None:
         raise UsageError("--out: only with --offline")
+    if resumed is None and not cfg.run_id:  # a live run of its own: never merged with an earlier one
+        cfg = dataclasses.replace(cfg, run_id=unique_run_id(cfg.label))
+        public = dataclasses.replace(public, run_id=cfg.run_id)
 
     run_dir = args.run_dir or Path("runs") / cfg.label
     try:
@@ -164,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     status = run_live(
         cfg, metrics, RunRecord(run_dir / "run.json", cfg, public), args.fast_forward, stop,
         trainer=resumed, checkpoints=run_dir / "checkpoints",
+        scraped=server.scraped if args.wait_for_prometheus else None,
     )  # fmt: skip
     print(f"run {cfg.label}: {status}", flush=True)
     # A finished run keeps serving its last values, so Prometheus does not see the target die.

@@ -17,7 +17,7 @@ import time
 
 import requests
 
-from oncall.pager import read_pages
+from oncall.pager import RUNBOOK_BASE, read_pages
 from runwatch.lab import Component, Lab
 from runwatch.promserver import instant, wait_ready
 from tests.conftest import runwatch, wait_for
@@ -78,7 +78,7 @@ def test_corrupt_shard_pages_loss_and_gradient_norm_at_the_onset(lab):
     for alert in ("TrainingLossJump", "GradientNormJump"):
         page = wait_for(lambda a=alert: pages(lab, lab.run_id, a), 60, f"a {alert} page")[0]
         assert 300 <= int(page["step"]) <= 302, page  # the plate: 300; live lag may add a step
-        assert page["summary"] and page["runbook_url"] == f"runbooks/{alert}.md"
+        assert page["summary"] and page["runbook_url"] == f"{RUNBOOK_BASE}/{alert}.md"
     assert all(int(p["step"]) >= 300 for p in pages(lab, lab.run_id) if p["step"])  # nothing before the onset
     assert not pages(lab, lab.run_id, "ThroughputDrop") and not pages(lab, lab.run_id, "HeldOutGap")
     control = [p for p in read_pages(lab.page_log) if "control" in p["run_id"]]
@@ -176,3 +176,32 @@ def test_status_reports_a_dead_component(lab):
 def test_pager_metrics_count_the_pages(lab):
     text = requests.get("http://127.0.0.1:9095/metrics", timeout=5).text
     assert "runwatch_pager_pages_total" in text
+
+
+def test_foreground_up_stops_every_component_on_sigterm(no_lab, tmp_path):
+    """`kill` of a foreground `runwatch up` stops what it started, as Ctrl-C does: no orphans."""
+    import signal
+
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "up", "--state-dir", str(state)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+    def ready() -> bool:
+        records = Lab(state).records()
+        try:
+            return len(records) == 4 and all(requests.get(r["ready_url"], timeout=1).ok for r in records.values())
+        except requests.RequestException:
+            return False
+
+    try:
+        wait_for(ready, 60, "the lab to be ready")
+        records = Lab(state).records()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "stopping:" in out, out
+    assert not any(Lab.alive(r) for r in records.values())
+    assert Lab(state).records() == {}

@@ -339,8 +339,9 @@ def test_format_page():
 @pytest.mark.parametrize(
     "runbook_url, expected",
     [
-        ("https://github.com/x/runwatch/blob/main/runbooks/TrainingLossJump.md", "runbooks/TrainingLossJump.md"),
-        ("https://wiki.example/oncall/loss", "runbooks/TrainingLossJump.md"),
+        ("http://127.0.0.1:9095/runbooks/TrainingLossJump.md", "http://127.0.0.1:9095/runbooks/TrainingLossJump.md"),
+        ("https://wiki.example/oncall/loss", "https://wiki.example/oncall/loss"),  # a URL opens: print it
+        ("runbooks/TrainingLossJump.md", "runbooks/TrainingLossJump.md"),
         ("", "runbooks/TrainingLossJump.md"),
     ],
 )
@@ -442,3 +443,87 @@ def test_runbooks_are_served_and_nothing_outside_them(tmp_path):
             assert err.value.code == 404, bad
     finally:
         server.shutdown()
+
+
+# --- the dead-man's switch and a clean stop ---
+
+
+def watchdog_payload(status: str = "firing") -> dict:
+    beat = {**alert(status), "labels": {"alertname": "Watchdog", "severity": "none"}, "fingerprint": "d06"}
+    return payload(beat)
+
+
+def test_watchdog_silence_pages_once_and_its_return_resolves(tmp_path):
+    now = [NOW]
+    registry = CollectorRegistry()
+    server = make_server(
+        "127.0.0.1", 0, tmp_path / "pages.jsonl", registry=registry, clock=lambda: now[0], watchdog_timeout=30
+    )
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    stop = threading.Event()
+    threading.Thread(target=server.watch, args=(stop, 0.02), daemon=True).start()  # a fast checker for the test
+
+    def post(path: str, obj: dict) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+        conn.request("POST", path, body=json.dumps(obj).encode())
+        return conn.getresponse().status
+
+    try:
+        time.sleep(0.2)
+        assert read_pages(tmp_path / "pages.jsonl") == []  # not armed before the first heartbeat
+        assert post("/watchdog", watchdog_payload()) == 200
+        assert registry.get_sample_value("runwatch_pager_watchdog_last_timestamp_seconds") == NOW
+        assert read_pages(tmp_path / "pages.jsonl") == []  # a heartbeat is not a page
+        now[0] = NOW + 30
+        time.sleep(0.2)
+        assert read_pages(tmp_path / "pages.jsonl") == []  # at the timeout, not yet past it
+        now[0] = NOW + 31
+        deadline = time.monotonic() + 5
+        while not read_pages(tmp_path / "pages.jsonl") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        now[0] = NOW + 60
+        time.sleep(0.2)  # still silent: no second page
+        pages = read_pages(tmp_path / "pages.jsonl")
+        assert [(p["alert"], p["status"], p["severity"]) for p in pages] == [("WatchdogSilent", "firing", "critical")]
+        assert "31s" in pages[0]["description"] and pages[0]["runbook_url"].endswith("/runbooks/WatchdogSilent.md")
+        assert post("/watchdog", watchdog_payload("resolved")) == 200  # Prometheus stopped: not a heartbeat
+        assert len(read_pages(tmp_path / "pages.jsonl")) == 1
+        assert post("/watchdog", watchdog_payload()) == 200
+        pages = read_pages(tmp_path / "pages.jsonl")
+        assert [(p["alert"], p["status"]) for p in pages] == [
+            ("WatchdogSilent", "firing"),
+            ("WatchdogSilent", "resolved"),
+        ]
+        assert registry.get_sample_value("runwatch_pager_pages_total", {"status": "firing"}) == 1
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_serve_stops_cleanly_on_sigterm(tmp_path):
+    """As PID 1 in a container a Python without a SIGTERM handler ignores it: `docker compose stop`
+    would wait 10 s and SIGKILL it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "pager-serve", "--port", str(port), "--log", str(tmp_path / "p.jsonl")],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        proc.terminate()
+        assert proc.wait(timeout=5) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()

@@ -35,6 +35,12 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+def unique_run_id(label: str, now: datetime | None = None) -> str:
+    """The label of a live run, stamped with its start (UTC HHMMSS): two runs of one seed and
+    incident must not merge in Prometheus, in the dashboards' $run or in run.json."""
+    return f"{label}-{(now or datetime.now(UTC)):%H%M%S}"
+
+
 class RunRecord:
     """run.json: the config plus how far the run got, rewritten atomically so it is never partial.
 
@@ -69,12 +75,15 @@ def run_live(
     sleep: Callable[[float], None] = time.sleep,
     trainer: Trainer | None = None,
     checkpoints: Path | None = None,
+    scraped: threading.Event | None = None,
 ) -> str:
     """Train every step of cfg paced, publishing to metrics; return the final status.
 
     The status is "completed", or "interrupted" when stop is set or Ctrl-C arrives. Either way
     run.json is rewritten whole with the last step. `trainer` resumes a run (from a checkpoint);
-    with `checkpoints`, the state is saved there every cfg.checkpoint_every steps.
+    with `checkpoints`, the state is saved there every cfg.checkpoint_every steps. With `scraped`,
+    the first live step waits until it is set (Prometheus has scraped the exporter once), so a
+    Prometheus that starts late still sees every live step and the baselines fill before the onset.
     """
     stop = stop or threading.Event()
     trainer = trainer or Trainer(cfg)
@@ -87,6 +96,11 @@ def run_live(
             metrics.add_tokens(last.tokens)
         if last is not None:
             log(f"fast-forwarded to step {trainer.next_step} (no Prometheus history before it)")
+        # --- wait for Prometheus: steps it never scrapes would be missing from every baseline ---
+        if scraped is not None and not scraped.is_set():
+            log("waiting for Prometheus's first scrape before the first live step")
+            while not scraped.wait(0.1) and not stop.is_set():
+                pass
         # --- live: one step per lab second, published as it completes ---
         while not trainer.done and not stop.is_set():
             t0 = clock()

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Build, under the names docker-compose.yml pins, the three images that no registry can give
+# this machine, from Debian's packages of the same versions. Idempotent: an image that exists
+# is kept. Needs root, podman, debootstrap and busybox-static (compose/podman/README.md).
+#
+#   prom/prometheus:v2.42.0          FROM scratch: Debian's prometheus 2.42 binary, libc, busybox
+#   prom/alertmanager:v0.25.0        FROM scratch: Debian's alertmanager 0.25 binary, libc, busybox
+#   python:3.11.11-slim-bookworm     a debootstrap'd bookworm with python3 (3.11.2) and pip
+#
+# Each keeps the upstream image's ENTRYPOINT, CMD, USER, WORKDIR and data directory, so the
+# compose file runs unchanged. Usage: build-images.sh [--force]
+set -euo pipefail
+
+PROMETHEUS_IMAGE=prom/prometheus:v2.42.0
+ALERTMANAGER_IMAGE=prom/alertmanager:v0.25.0
+PYTHON_IMAGE=python:3.11.11-slim-bookworm
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+force=0
+[ "${1:-}" = "--force" ] && force=1
+
+say() { echo "build-images: $*" >&2; }
+have() { [ "$force" = 0 ] && podman image exists "$1"; }
+
+work=$(mktemp -d /var/tmp/runwatch-images.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# A root file system with one Debian binary, the C library it links and static busybox (for
+# `sh` and the `wget` healthchecks), and a `nobody` user, as upstream's busybox-based images have.
+scratch_root() {
+  local root=$1 binary=$2 name=$3
+  mkdir -p "$root"/{bin,etc,tmp,lib64,lib/x86_64-linux-gnu}
+  chmod 1777 "$root/tmp"
+  cp /bin/busybox "$root/bin/busybox"
+  for applet in sh wget ls cat; do ln -s busybox "$root/bin/$applet"; done
+  cp "$binary" "$root/bin/$name"
+  cp -L /lib/x86_64-linux-gnu/libc.so.6 "$root/lib/x86_64-linux-gnu/"
+  cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n' >"$root/etc/passwd"
+  printf 'root:x:0:\nnobody:x:65534:\n' >"$root/etc/group"
+  printf 'hosts: files dns\n' >"$root/etc/nsswitch.conf"
+}
+
+if have "$PROMETHEUS_IMAGE"; then
+  say "$PROMETHEUS_IMAGE exists"
+else
+  ctx=$work/prometheus
+  scratch_root "$ctx/rootfs" /usr/bin/prometheus prometheus
+  cp /usr/bin/promtool "$ctx/rootfs/bin/promtool"
+  mkdir -p "$ctx/rootfs/etc/prometheus" "$ctx/rootfs/usr/share/prometheus/console_libraries" \
+    "$ctx/rootfs/usr/share/prometheus/consoles" "$ctx/data"
+  cp /etc/prometheus/prometheus.yml "$ctx/rootfs/etc/prometheus/"
+  cat >"$ctx/Containerfile" <<'EOF'
+FROM scratch
+COPY rootfs/ /
+COPY --chown=65534:65534 data/ /prometheus/
+USER nobody
+EXPOSE 9090
+VOLUME ["/prometheus"]
+WORKDIR /prometheus
+ENTRYPOINT ["/bin/prometheus"]
+CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus", "--web.console.libraries=/usr/share/prometheus/console_libraries", "--web.console.templates=/usr/share/prometheus/consoles"]
+EOF
+  say "building $PROMETHEUS_IMAGE"
+  podman build -q -t "$PROMETHEUS_IMAGE" "$ctx" >/dev/null
+fi
+
+if have "$ALERTMANAGER_IMAGE"; then
+  say "$ALERTMANAGER_IMAGE exists"
+else
+  ctx=$work/alertmanager
+  scratch_root "$ctx/rootfs" /usr/bin/prometheus-alertmanager alertmanager
+  cp /usr/bin/amtool "$ctx/rootfs/bin/amtool"
+  # Debian's build reads its notification templates from here.
+  mkdir -p "$ctx/rootfs/usr/share/prometheus" "$ctx/rootfs/etc/alertmanager" "$ctx/data"
+  cp -r /usr/share/prometheus/alertmanager "$ctx/rootfs/usr/share/prometheus/"
+  cat >"$ctx/Containerfile" <<'EOF'
+FROM scratch
+COPY rootfs/ /
+COPY --chown=65534:65534 data/ /alertmanager/
+USER nobody
+EXPOSE 9093
+VOLUME ["/alertmanager"]
+WORKDIR /alertmanager
+ENTRYPOINT ["/bin/alertmanager"]
+CMD ["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager"]
+EOF
+  say "building $ALERTMANAGER_IMAGE"
+  podman build -q -t "$ALERTMANAGER_IMAGE" "$ctx" >/dev/null
+fi
+
+if have "$PYTHON_IMAGE"; then
+  say "$PYTHON_IMAGE exists"
+else
+  root=$work/python
+  say "debootstrap of bookworm for $PYTHON_IMAGE (about a minute)"
+  debootstrap --variant=minbase --include=python3,python3-pip,python3-venv,ca-certificates \
+    bookworm "$root" "$MIRROR" >"$work/debootstrap.log" 2>&1 || {
+    tail -n 5 "$work/debootstrap.log" >&2
+    exit 1
+  }
+  # The official image's pip installs into the system: no PEP 668 marker, python and pip on PATH.
+  rm -f "$root"/usr/lib/python3*/EXTERNALLY-MANAGED
+  ln -sf /usr/bin/python3 "$root/usr/local/bin/python"
+  ln -sf /usr/bin/pip3 "$root/usr/local/bin/pip"
+  # This machine reaches PyPI through a TLS proxy that only the host's CA bundle trusts.
+  cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+  tar -C "$root" -c . | podman import -q \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV LANG=C.UTF-8' \
+    --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
+    --change 'CMD ["python3"]' \
+    - "$PYTHON_IMAGE" >/dev/null
+fi
+say "images ready"
