@@ -62,9 +62,9 @@ def one_run(lab: Lab, i: int) -> list[float]:
             time.sleep(0.1)
         missing = [a for a in ALERTS if a not in got]
         if missing:  # say what Prometheus and Alertmanager held, so a lost page can be traced
-            alerts = requests.get("http://127.0.0.1:9090/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+            alerts = requests.get(f"{url('prometheus')}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
             held = [(a["labels"]["alertname"], a["state"]) for a in alerts if a["labels"].get("run_id") == run_id]
-            am = requests.get("http://127.0.0.1:9093/api/v2/alerts", timeout=5).json()
+            am = requests.get(f"{url('alertmanager')}/api/v2/alerts", timeout=5).json()
             am_held = [
                 (a["labels"]["alertname"], a["status"]["state"]) for a in am if a["labels"].get("run_id") == run_id
             ]

@@ -39,11 +39,13 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
+from runwatch.names import PLATE_ALERTS, url
+
 OUT = Path(__file__).with_name("dashboards")
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="runwatch-prometheus")
 ALERTMANAGER = DataSourceRef(type_val="alertmanager", uid="runwatch-alertmanager")
-ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")
-RUNBOOKS = "http://127.0.0.1:9095/runbooks"  # served by the pager (oncall/)
+ALERTS = PLATE_ALERTS
+RUNBOOKS = f"{url('pager')}/runbooks"  # served by the pager (oncall/)
 RUN = 'run_id="$run"'
 
 
@@ -102,8 +104,9 @@ def dashed(name: str) -> list[DynamicConfigValue]:
     ]
 
 
-def watching_a_run() -> db.Dashboard:
-    run_var = (
+def run_variable() -> db.QueryVariable:
+    """$run: every run Prometheus holds."""
+    return (
         db.QueryVariable("run")
         .label("Run")
         .datasource(PROMETHEUS)
@@ -111,6 +114,10 @@ def watching_a_run() -> db.Dashboard:
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(VariableSort.ALPHABETICAL_DESC)
     )
+
+
+def annotations() -> list[db.AnnotationQuery]:
+    """The incident window, checkpoints and firing alerts, marked on every time series."""
     incident = (
         db.AnnotationQuery()
         .name("Incident window")
@@ -139,6 +146,11 @@ def watching_a_run() -> db.Dashboard:
         .icon_color("orange")
         .expr(f'ALERTS{{alertstate="firing",{RUN}}}')
     )
+    return [incident, firing, checkpoints]
+
+
+def curves() -> list[timeseries.Panel]:
+    """The plate's curves: loss with held-out dots and the expected curve, gradient norm, throughput."""
     loss = (
         series_panel(
             "Training loss (thin) and held-out loss (dots)",
@@ -177,6 +189,11 @@ def watching_a_run() -> db.Dashboard:
         .with_target(query(f"runwatch_train_tokens_per_second{{{RUN}}}", "per step", "B"))
         .unit("short")
     )
+    return [loss, grad, throughput]
+
+
+def readouts_panel() -> stat.Panel:
+    """The plate's readouts for the selected run: the step at which each alert first fired."""
     readouts = (
         stat.Panel()
         .title("Readouts: step at which each alert first fired")
@@ -194,6 +211,11 @@ def watching_a_run() -> db.Dashboard:
     )
     for i, alert in enumerate(ALERTS):
         readouts = readouts.with_target(query(readout(alert), alert, chr(65 + i), instant=True))
+    return readouts
+
+
+def every_run_panel() -> table.Panel:
+    """The readouts of every run in Prometheus, one row each."""
     every_run = (
         table.Panel()
         .title("Readouts of every run")
@@ -236,6 +258,11 @@ def watching_a_run() -> db.Dashboard:
         every_run = every_run.with_target(
             query(f"min by (run_id) ({first_fire(alert, '')})", alert, chr(65 + i), instant=True, table_format=True)
         )
+    return every_run
+
+
+def alert_panels() -> list[db.Panel | stat.Panel]:
+    """What is firing now, in Prometheus and in Alertmanager."""
     alert_list = (
         db.Panel()
         .type("alertlist")
@@ -267,6 +294,38 @@ def watching_a_run() -> db.Dashboard:
         .height(8)
         .span(6)
     )
+    return [alert_list, alertmanager]
+
+
+def stability_panels() -> list[timeseries.Panel]:
+    """Lesson 20's row: loss scale, activation norm, weight norm, skipped steps."""
+    return [
+        series_panel(
+            "Loss scale",
+            "The dynamic loss scale of mixed precision (fp16 runs). A crash toward zero "
+            "warned OPT-175B's team of trouble; LossScaleCollapse fires at a quarter of its usual level.",
+        )
+        .with_target(query(f"runwatch_train_loss_scale{{{RUN}}}", "loss scale", "A"))
+        .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(2))
+        .span(6),
+        series_panel(
+            "Activation norm",
+            "L2 norm of the logits, the final layer's activations: batch mean and "
+            "largest example. ActivationNormSpike fires at 3x the largest's running mean.",
+        )
+        .with_target(query(f"runwatch_train_logit_norm_mean{{{RUN}}}", "mean", "A"))
+        .with_target(query(f"runwatch_train_logit_norm_max{{{RUN}}}", "max", "B"))
+        .span(6),
+        series_panel("Weight norm", "L2 norm of all weights and biases.")
+        .with_target(query(f"runwatch_train_weight_norm{{{RUN}}}", "weight norm", "A"))
+        .span(6),
+        series_panel("Skipped steps", "Updates the loss scaler skipped because float16 gradients overflowed.")
+        .with_target(query(f"runwatch_train_skipped_steps_total{{{RUN}}}", "skipped steps", "A"))
+        .span(6),
+    ]
+
+
+def watching_a_run() -> db.Dashboard:
     dash = (
         db.Dashboard("Watching a Run")
         .uid("runwatch-watching-a-run")
@@ -275,50 +334,16 @@ def watching_a_run() -> db.Dashboard:
         .time("now-15m", "now")
         .refresh("5s")
         .tooltip(DashboardCursorSync.CROSSHAIR)
-        .with_variable(run_var)
-        .annotation(incident)
-        .annotation(firing)
-        .annotation(checkpoints)
-        .with_panel(loss)
-        .with_panel(grad)
-        .with_panel(throughput)
-        .with_panel(readouts)
-        .with_panel(every_run)
-        .with_panel(alert_list)
-        .with_panel(alertmanager)
-        .with_row(db.Row("Stability (Lesson 20): early warnings, in fp16 runs"))
-        .with_panel(
-            series_panel(
-                "Loss scale",
-                "The dynamic loss scale of mixed precision (fp16 runs). A crash toward zero "
-                "warned OPT-175B's team of trouble; LossScaleCollapse fires at a quarter of its usual level.",
-            )
-            .with_target(query(f"runwatch_train_loss_scale{{{RUN}}}", "loss scale", "A"))
-            .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(2))
-            .span(6)
-        )
-        .with_panel(
-            series_panel(
-                "Activation norm",
-                "L2 norm of the logits, the final layer's activations: batch mean and "
-                "largest example. ActivationNormSpike fires at 3x the largest's running mean.",
-            )
-            .with_target(query(f"runwatch_train_logit_norm_mean{{{RUN}}}", "mean", "A"))
-            .with_target(query(f"runwatch_train_logit_norm_max{{{RUN}}}", "max", "B"))
-            .span(6)
-        )
-        .with_panel(
-            series_panel("Weight norm", "L2 norm of all weights and biases.")
-            .with_target(query(f"runwatch_train_weight_norm{{{RUN}}}", "weight norm", "A"))
-            .span(6)
-        )
-        .with_panel(
-            series_panel("Skipped steps", "Updates the loss scaler skipped because float16 gradients overflowed.")
-            .with_target(query(f"runwatch_train_skipped_steps_total{{{RUN}}}", "skipped steps", "A"))
-            .span(6)
-        )
-        .link(db.DashboardLink("runwatch machinery").url("/d/runwatch-machinery"))
+        .with_variable(run_variable())
     )
+    for annotation in annotations():
+        dash = dash.annotation(annotation)
+    for panel in [*curves(), readouts_panel(), every_run_panel(), *alert_panels()]:
+        dash = dash.with_panel(panel)
+    dash = dash.with_row(db.Row("Stability (Lesson 20): early warnings, in fp16 runs"))
+    for panel in stability_panels():
+        dash = dash.with_panel(panel)
+    dash = dash.link(db.DashboardLink("runwatch machinery").url("/d/runwatch-machinery"))
     for alert in (*ALERTS, "TrainerDown"):
         dash = dash.link(db.DashboardLink(f"Runbook: {alert}").url(f"{RUNBOOKS}/{alert}.md").target_blank(True))
     return dash

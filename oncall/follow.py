@@ -20,9 +20,13 @@ from typing import Any, NoReturn, TextIO
 from urllib.parse import urlsplit
 
 from oncall.pager import WATCHDOG_SILENT, WATCHDOG_TIMEOUT_S, make_server
+from runwatch.command import Parser, UsageError
 
 DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
-DEFAULT_RUNBOOKS = Path(__file__).resolve().parents[1] / "runbooks"  # the checkout's runbooks/
+_HERE = Path(__file__).resolve().parents[1]
+# The checkout's runbooks/, or, installed from a wheel, the copy beside the runwatch package.
+_RUNBOOK_DIRS = (_HERE / "runbooks", _HERE / "runwatch" / "configuration" / "runbooks")
+DEFAULT_RUNBOOKS = next((d for d in _RUNBOOK_DIRS if d.is_dir()), _RUNBOOK_DIRS[0])
 
 
 def runbook_path(page: dict[str, Any]) -> str:
@@ -101,14 +105,6 @@ def follow(
             return
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line naming the flag."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def _interrupt(*_: object) -> NoReturn:
     raise KeyboardInterrupt
 
@@ -131,12 +127,15 @@ def _port(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``runwatch pager [--log PATH] [--follow]``: print the page log, and keep printing with --follow."""
-    parser = _Parser(prog="runwatch pager", description="Print the on-call page log, one line per page.")
+    parser = Parser(prog="runwatch pager", description="Print the on-call page log, one line per page.")
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to read (default {DEFAULT_LOG})")
     parser.add_argument("--follow", action="store_true", help="keep printing pages as they arrive, like tail -f")
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:
+    except UsageError as e:
+        print(f"{parser.prog}: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
         return int(e.code or 0)
     if not args.follow and not args.log.exists():
         print(f"runwatch pager: no page log at {args.log}; start `runwatch pager-serve` or pass --log", file=sys.stderr)
@@ -148,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve_main(argv: list[str] | None = None) -> int:
     """``runwatch pager-serve --host 127.0.0.1 --port 9095 --log PATH``: run the webhook receiver until interrupted."""
-    parser = _Parser(prog="runwatch pager-serve", description="Receive Alertmanager webhooks into the page log.")
+    parser = Parser(prog="runwatch pager-serve", description="Receive Alertmanager webhooks into the page log.")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=9095, help="port to listen on (default 9095)")
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to append to (default {DEFAULT_LOG})")
@@ -159,15 +158,24 @@ def serve_main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:
+    except UsageError as e:
+        print(f"{parser.prog}: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
         return int(e.code or 0)
     if not args.runbooks.is_dir():
         print(f"{parser.prog}: --runbooks: {args.runbooks} is not a directory", file=sys.stderr)
         return 2
+    # As PID 1 in a container, SIGTERM without a handler is ignored and `docker compose stop`
+    # waits 10 s to SIGKILL: stop as Ctrl-C does, closing the server. Installed before the port
+    # is bound, so a SIGTERM that comes as soon as the port answers is handled too.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         server = make_server(
             args.host, args.port, args.log, runbooks=args.runbooks, watchdog_timeout=args.watchdog_timeout
         )
+    except KeyboardInterrupt:  # stopped while loading the page log
+        return 0
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             print(f"{parser.prog}: port {args.port} is already in use (--port)", file=sys.stderr)
@@ -178,12 +186,9 @@ def serve_main(argv: list[str] | None = None) -> int:
                 f"{parser.prog}: cannot listen on {args.host}:{args.port}: {e.strerror or e} (--host)", file=sys.stderr
             )
         return 2
-    host, port = server.server_address[:2]
-    print(f"{parser.prog}: listening on http://{host}:{port}/webhook, page log {args.log}", file=sys.stderr)
-    # As PID 1 in a container, SIGTERM without a handler is ignored and `docker compose stop`
-    # waits 10 s to SIGKILL: stop as Ctrl-C does, closing the server.
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
+        host, port = server.server_address[:2]
+        print(f"{parser.prog}: listening on http://{host}:{port}/webhook, page log {args.log}", file=sys.stderr)
         server.serve_forever()
     except KeyboardInterrupt:
         pass

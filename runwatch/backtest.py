@@ -28,7 +28,6 @@ import os
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,18 +38,20 @@ from pathlib import Path
 import yaml
 
 from exporter.metrics import STEP
-from runwatch import plate
-from runwatch.cli import Command, UsageError, check_writable
-from runwatch.paths import Layout, binary
+from runwatch import signatures as plate
+from runwatch.command import Command, UsageError, check_writable
+from runwatch.files import write_atomic
+from runwatch.names import META_GROUP
+from runwatch.paths import Layout, binary, run_tool
 from runwatch.promserver import Process, free_port, query_range
-from trainer.config import TrainConfig, write_atomic
+from trainer.config import TrainConfig
 from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, write_openmetrics
 from trainer.run import Trainer
 
+# A promtool that runs past these is hung, not slow: 500 runs backfill in about 10 s here.
+TOOL_TIMEOUT_S = 120
+BACKFILL_TIMEOUT_S = 900
 RETENTION = "100y"  # the runs are stamped in 2026-01; a short retention would delete them
-# The lab's own health (prometheus/rules/meta.yml): alerts about Prometheus, Alertmanager and the
-# pager. A backtest runs none of those, so it does not replay them.
-META_GROUP = "runwatch-meta"
 
 
 # --- input ---
@@ -94,7 +95,7 @@ def load_rules(rules_dir: Path, promtool: str) -> Rules:
     files = Layout().rule_files(rules_dir)  # what prometheus.yml loads: rules/*.yml
     if not files:
         raise UsageError(f"--rules: no .yml rule files in {rules_dir}")
-    proc = subprocess.run([promtool, "check", "rules", *map(str, files)], capture_output=True, text=True)
+    proc = run_tool([promtool, "check", "rules", *map(str, files)], TOOL_TIMEOUT_S)
     if proc.returncode != 0:
         raise UsageError(f"--rules: promtool check rules refused {rules_dir}:\n{(proc.stdout + proc.stderr).strip()}")
     rules = Rules()
@@ -146,9 +147,7 @@ def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, str, str, set[s
             meta.append({"incident": incident, "seed": seed, "run_id": cfg.label, "end": run.step_time(last.step)})
     with open(om_path, "w") as fh:
         samples = write_openmetrics(runs, fh, families)
-    proc = subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", om_path, data_dir], capture_output=True, text=True
-    )
+    proc = run_tool([promtool, "tsdb", "create-blocks-from", "openmetrics", om_path, data_dir], BACKFILL_TIMEOUT_S)
     os.unlink(om_path)
     if proc.returncode != 0:
         raise RuntimeError(f"promtool create-blocks-from openmetrics failed: {proc.stderr.strip()[-500:]}")
@@ -197,6 +196,112 @@ class Progress:
         print(f"backtest: {text}".ljust(60), end=end, file=self.stream, flush=True)
 
 
+@dataclass
+class Throwaway:
+    """The backtest's own Prometheus: its data directory, argv and address (started per pass)."""
+
+    tmpdir: Path
+    argv: list[str]
+    base: str
+    start: float
+    end: float
+
+    @property
+    def data(self) -> str:
+        return str(self.tmpdir / "data")
+
+    def running(self) -> Process:
+        return Process(self.argv, f"{self.base}/-/ready", self.tmpdir / "prometheus.log")
+
+
+def _train_and_load(
+    seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, rules: Rules, promtool: str, workers: int,
+    precision: str, progress: Progress,
+) -> tuple[list[dict], int]:  # fmt: skip
+    """Steps 1-2: every seed x incident trained and backfilled into tmpdir/data, in parallel chunks."""
+    n_chunks = max(1, min(len(seeds), 2 * workers))
+    chunks = [seeds[i::n_chunks] for i in range(n_chunks)]
+    families = families_read(rules)
+    jobs = [
+        (c, incidents, str(tmpdir / f"chunk{i}.om"), str(tmpdir / "data"), promtool, families, precision)
+        for i, c in enumerate(chunks)
+    ]
+    meta, samples = [], 0
+    with ProcessPoolExecutor(workers) as pool:
+        for i, (m, n) in enumerate(pool.map(_simulate_chunk, jobs), 1):
+            meta += m
+            samples += n
+            progress(f"trained and loaded {i}/{n_chunks} chunks ({len(meta)} runs)", done=i == n_chunks)
+    return meta, samples
+
+
+def _throwaway(prometheus: str, tmpdir: Path, meta: list[dict]) -> Throwaway:
+    port = free_port()
+    (tmpdir / "prometheus.yml").write_text("global: {}\n")
+    argv = [
+        prometheus,
+        f"--config.file={tmpdir / 'prometheus.yml'}",
+        f"--storage.tsdb.path={tmpdir / 'data'}",
+        f"--storage.tsdb.retention.time={RETENTION}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        # Backfilled data carries no staleness markers; a 3 s lookback lets a run's series
+        # vanish when it ends, as staleness makes them vanish in the live lab.
+        "--query.lookback-delta=3s",
+    ]
+    end = float(int(max(m["end"] for m in meta)) + 2)
+    return Throwaway(tmpdir, argv, f"http://127.0.0.1:{port}", DEFAULT_START, end)
+
+
+def _backfill(prom: Throwaway, rules: Rules, promtool: str, progress: Progress) -> list[list[dict]]:
+    """Step 3: the recording rules, then the alerts' conditions, pass by pass at one phase."""
+    conditions = [{"record": condition_name(i), "expr": r["expr"]} for i, r in enumerate(rules.alerting)]
+    levels = recording_levels(rules.recording + conditions)
+    # One group name and one relative file name: Prometheus derives a group's sub-second
+    # evaluation phase from both, so every pass, and every backtest, shares one phase.
+    pass_file = prom.tmpdir / "backfill.yml"
+    for i, level in enumerate(levels, 1):
+        pass_file.write_text(yaml.safe_dump({"groups": [{"name": "backfill", "rules": level}]}))
+        with prom.running():
+            progress(f"backfilling {len(level)} rules (pass {i}/{len(levels)})")
+            proc = run_tool(
+                [promtool, "tsdb", "create-blocks-from", "rules", f"--start={int(prom.start)}",
+                 f"--end={int(prom.end)}", f"--url={prom.base}", "--eval-interval=1s", f"--output-dir={prom.data}",
+                 pass_file.name],
+                BACKFILL_TIMEOUT_S, cwd=prom.tmpdir,
+            )  # fmt: skip
+            if proc.returncode != 0:
+                raise RuntimeError(f"promtool create-blocks-from rules failed: {proc.stderr.strip()[-500:]}")
+    return levels
+
+
+def _read_alerts(
+    prom: Throwaway, rules: Rules, first_recorded: str, run_ids: set[str], progress: Progress
+) -> tuple[dict[str, dict[str, float]], dict[str, int], dict[str, dict[float, int]]]:
+    """Steps 4-5: each alert on the passes' own grid, and each run's step at every evaluation.
+
+    Returns (run -> alert -> first firing time, alert -> firing series of no run, run -> time -> step).
+    """
+    first: dict[str, dict[str, float]] = {run: {} for run in run_ids}
+    unattributed: dict[str, int] = {}
+    with prom.running():
+        grid = _grid_start(prom.base, first_recorded, prom.start, prom.end)
+        for i, rule in enumerate(rules.alerting):
+            progress(f"reading {rule['alert']} ({i + 1}/{len(rules.alerting)})", done=i + 1 == len(rules.alerting))
+            for series in query_range(prom.base, firing_query(i, rule), grid, prom.end):
+                run = run_of(series["metric"], run_ids)
+                if run is None:
+                    unattributed[rule["alert"]] = unattributed.get(rule["alert"], 0) + 1
+                    continue
+                t = float(series["values"][0][0])
+                prev = first[run].get(rule["alert"])
+                first[run][rule["alert"]] = t if prev is None else min(prev, t)
+        step_at = {
+            s["metric"].get("run_id"): {float(t): int(float(v)) for t, v in s["values"]}
+            for s in query_range(prom.base, "runwatch_train_step", grid, prom.end)
+        }
+    return first, unattributed, step_at
+
+
 def backtest(
     seeds: list[int],
     rules_dir: Path,
@@ -211,82 +316,18 @@ def backtest(
     workers = workers or os.cpu_count() or 1
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="runwatch-backtest-") as tmp:
-        tmpdir, data = Path(tmp), str(Path(tmp) / "data")
-        # --- 1-2: train and load, in parallel chunks ---
         t0 = time.perf_counter()
-        n_chunks = max(1, min(len(seeds), 2 * workers))
-        chunks = [seeds[i::n_chunks] for i in range(n_chunks)]
-        families = families_read(rules)
-        jobs = [
-            (c, incidents, str(tmpdir / f"chunk{i}.om"), data, promtool, families, precision)
-            for i, c in enumerate(chunks)
-        ]
-        meta, samples = [], 0
-        with ProcessPoolExecutor(workers) as pool:
-            for i, (m, n) in enumerate(pool.map(_simulate_chunk, jobs), 1):
-                meta += m
-                samples += n
-                progress(f"trained and loaded {i}/{n_chunks} chunks ({len(meta)} runs)", done=i == n_chunks)
+        meta, samples = _train_and_load(seeds, incidents, Path(tmp), rules, promtool, workers, precision, progress)
         timings["train_and_load"] = time.perf_counter() - t0
-
-        start, end = DEFAULT_START, float(int(max(m["end"] for m in meta)) + 2)
-        (tmpdir / "prometheus.yml").write_text("global: {}\n")
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        argv = [
-            prometheus,
-            f"--config.file={tmpdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={data}",
-            f"--storage.tsdb.retention.time={RETENTION}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            # Backfilled data carries no staleness markers; a 3 s lookback lets a run's series
-            # vanish when it ends, as staleness makes them vanish in the live lab.
-            "--query.lookback-delta=3s",
-        ]
-        log = tmpdir / "prometheus.log"
-
-        # --- 3: recording rules, then the alerts' conditions, pass by pass at one phase ---
+        prom = _throwaway(prometheus, Path(tmp), meta)
         t0 = time.perf_counter()
-        conditions = [{"record": condition_name(i), "expr": r["expr"]} for i, r in enumerate(rules.alerting)]
-        levels = recording_levels(rules.recording + conditions)
-        # One group name and one relative file name: Prometheus derives a group's sub-second
-        # evaluation phase from both, so every pass, and every backtest, shares one phase.
-        pass_file = tmpdir / "backfill.yml"
-        for i, level in enumerate(levels, 1):
-            pass_file.write_text(yaml.safe_dump({"groups": [{"name": "backfill", "rules": level}]}))
-            with Process(argv, f"{base}/-/ready", log):
-                progress(f"backfilling {len(level)} rules (pass {i}/{len(levels)})")
-                proc = subprocess.run(
-                    [promtool, "tsdb", "create-blocks-from", "rules", f"--start={int(start)}", f"--end={int(end)}",
-                     f"--url={base}", "--eval-interval=1s", f"--output-dir={data}", pass_file.name],
-                    capture_output=True, text=True, cwd=tmpdir,
-                )  # fmt: skip
-                if proc.returncode != 0:
-                    raise RuntimeError(f"promtool create-blocks-from rules failed: {proc.stderr.strip()[-500:]}")
+        levels = _backfill(prom, rules, promtool, progress)
         timings["backfill_rules"] = time.perf_counter() - t0
-
-        # --- 4-5: each alert on the passes' own grid, and the step at its first firing ---
         t0 = time.perf_counter()
-        run_ids = {m["run_id"] for m in meta}
-        first: dict[str, dict[str, float]] = {m["run_id"]: {} for m in meta}  # run -> alert -> time
-        unattributed: dict[str, int] = {}
         alerts = list(dict.fromkeys(r["alert"] for r in rules.alerting))
-        with Process(argv, f"{base}/-/ready", log):
-            grid = _grid_start(base, levels[0][0]["record"], start, end)
-            for i, rule in enumerate(rules.alerting):
-                progress(f"reading {rule['alert']} ({i + 1}/{len(rules.alerting)})", done=i + 1 == len(rules.alerting))
-                for series in query_range(base, firing_query(i, rule), grid, end):
-                    run = run_of(series["metric"], run_ids)
-                    if run is None:
-                        unattributed[rule["alert"]] = unattributed.get(rule["alert"], 0) + 1
-                        continue
-                    t = float(series["values"][0][0])
-                    prev = first[run].get(rule["alert"])
-                    first[run][rule["alert"]] = t if prev is None else min(prev, t)
-            step_at = {
-                s["metric"].get("run_id"): {float(t): int(float(v)) for t, v in s["values"]}
-                for s in query_range(base, "runwatch_train_step", grid, end)
-            }
+        first, unattributed, step_at = _read_alerts(
+            prom, rules, levels[0][0]["record"], {m["run_id"] for m in meta}, progress
+        )
         timings["alerts"] = time.perf_counter() - t0
 
     runs = []

@@ -12,13 +12,14 @@ Exits 1 if any check fails. It checks files only; `runwatch reload` applies them
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from runwatch.cli import Command
-from runwatch.paths import Layout, binary
+from runwatch.command import Command
+from runwatch.paths import Layout, binary, run_tool
+
+TOOL_TIMEOUT_S = 120  # promtool test rules takes about 2 s here; past this it is hung
 
 
 @dataclass
@@ -42,18 +43,19 @@ def checks(layout: Layout) -> list[Check]:
 
 
 def run_check(check: Check, cwd: Path) -> tuple[bool, str]:
-    proc = subprocess.run(check.argv, cwd=cwd, capture_output=True, text=True)
+    proc = run_tool(check.argv, TOOL_TIMEOUT_S, cwd=cwd)
     return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> Command:
-    p.add_argument("--root", type=Path, default=None, help="checkout to check (default: this one)")
+    p.add_argument("--root", type=Path, default=None, help="configuration to check (default: as printed first)")
     p.add_argument("-v", "--verbose", action="store_true", help="show the tools' output for passing checks too")
     return run
 
 
 def run(args: argparse.Namespace) -> int:
-    layout = Layout(args.root) if args.root else Layout()
+    layout = Layout(args.root)
+    print(f"configuration: {layout.root} ({layout.found_in})")
     failed = 0
     for check in checks(layout):
         ok, output = run_check(check, layout.root)

@@ -10,51 +10,25 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
-
-class UsageError(Exception):
-    """Bad input from the command line or a file it names; the message names the flag or file."""
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage dump) and exit status 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
-
-Command = Callable[[argparse.Namespace], int]
-
-
-def check_writable(path: Path, flag: str) -> None:
-    """Make sure a file can be created beside `path` (by creating and removing one), or raise a
-    UsageError naming the flag, before any work is done."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    except OSError as err:
-        raise UsageError(f"{flag}: cannot write {path}: {err.strerror}") from None
-    os.close(fd)
-    os.unlink(tmp)
+from runwatch.command import Command, Parser, UsageError
 
 
 def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Command]]]:
     # Imported here so that `runwatch --help` stays fast and one broken module names itself.
-    from runwatch import backtest, check, drill, lab, picture, train_cmd
+    from runwatch import backtest, check, drill, lab, plate, train
 
     return [
-        ("train", "run the workshop's training run, live or offline", train_cmd.add_arguments),
+        ("train", "run the workshop's training run, live or offline", train.add_arguments),
         ("check", "check the lab's YAML: promtool and amtool, as after an edit", check.add_arguments),
         ("backtest", "replay many seeds x incidents through a real Prometheus", backtest.add_arguments),
         ("up", "start the lab natively: trainer, Prometheus, Alertmanager, pager", lab.add_up),
         ("down", "stop everything `runwatch up` started", lab.add_simple(lab.down)),
         ("status", "show the lab's processes and whether each is ready", lab.add_simple(lab.status)),
         ("reload", "check the YAML, then reload Prometheus and Alertmanager", lab.add_simple(lab.reload)),
-        ("plate", "draw the plate for a run from Prometheus, with the dashboard's queries", picture.add_arguments),
+        ("plate", "draw the plate for a run from Prometheus, with the dashboard's queries", plate.add_arguments),
         ("drill", "start a lab whose incident (or none) is hidden: on-call practice", drill.add_drill),
         ("ack", "acknowledge a page: a silence scoped to the alert and the drill's run", drill.add_ack),
         ("diagnose", "name the drill's incident once; it is revealed and graded", drill.add_diagnose),

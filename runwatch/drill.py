@@ -27,14 +27,16 @@ import requests
 
 from oncall.pager import read_pages
 from runwatch import lab as lab_mod
-from runwatch.cli import Command, UsageError, check_writable
+from runwatch import plate
+from runwatch.command import Command, UsageError, add_state_dir, check_writable
+from runwatch.files import write_atomic
+from runwatch.names import url
 from runwatch.promserver import instant
-from runwatch.train_cmd import DRILL_ONSET_RANGE
-from trainer.config import INCIDENTS, write_atomic
+from trainer.config import DRILL_ONSET_RANGE, INCIDENTS
 from trainer.sealed import unseal
 
-PROMETHEUS = f"http://127.0.0.1:{lab_mod.PORTS['prometheus']}"
-ALERTMANAGER = f"http://127.0.0.1:{lab_mod.PORTS['alertmanager']}"
+PROMETHEUS = url("prometheus")
+ALERTMANAGER = url("alertmanager")
 
 
 def _now() -> float:
@@ -233,8 +235,6 @@ def scoreboard_line(path: Path) -> str:
 
 
 def postmortem(args: argparse.Namespace) -> int:
-    from runwatch import picture
-
     d = Drill(args.state_dir)
     record = d.load()
     run_id = record["run_id"]
@@ -245,6 +245,21 @@ def postmortem(args: argparse.Namespace) -> int:
         )
     out = args.out or Path(f"postmortem-{run_id}.md")
     check_writable(out, "--out")
+    events = timeline(d, record, grade)
+    image = out.with_name(f"{out.stem}-plate.png")
+    try:
+        plate.draw(plate.collect(PROMETHEUS, run_id, since_s=_now() - record["started_at"] + 60), image)
+        plate_md = f"![The run, drawn by runwatch plate]({image.name})"
+    except (UsageError, requests.RequestException) as err:
+        plate_md = f"(no plate: {err})"
+    write_atomic(out, postmortem_markdown(run_id, grade, events, plate_md))
+    print(f"wrote {out} ({len(events)} timeline events)")
+    return 0
+
+
+def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
+    """The drill's events, oldest first: start, onset, pages, acks, diagnosis, the run's end."""
+    run_id = record["run_id"]
     events = [(record["started_at"], "Drill started (lab up, trainer running)")]
     if record["diagnosis"].get("onset_at"):
         events.append(
@@ -264,13 +279,11 @@ def postmortem(args: argparse.Namespace) -> int:
     if ended:
         events.append((datetime.fromisoformat(ended).timestamp(), "Run ended"))
     events.sort(key=lambda e: e[0])
+    return events
 
-    image = out.with_name(f"{out.stem}-plate.png")
-    try:
-        picture.draw(picture.collect(PROMETHEUS, run_id, since_s=_now() - record["started_at"] + 60), image)
-        plate_md = f"![The run, drawn by runwatch plate]({image.name})"
-    except (UsageError, requests.RequestException) as err:
-        plate_md = f"(no plate: {err})"
+
+def postmortem_markdown(run_id: str, grade: dict, events: list[tuple[float, str]], plate_md: str) -> str:
+    """PagerDuty's postmortem sections, filled from the grade and the timeline."""
     impact = (
         "None: the run was healthy." if grade["incident"] == "none"
         else f"{grade['incident']} from step {grade['onset']}; first page "
@@ -309,23 +322,21 @@ def postmortem(args: argparse.Namespace) -> int:
         "_Fill in: owner, action, due. Alert changes can be measured first with `runwatch backtest`._",
         "",
     ]
-    write_atomic(out, "\n".join(md))
-    print(f"wrote {out} ({len(events)} timeline events)")
-    return 0
+    return "\n".join(md)
 
 
 # --- argument parsing ---
 
 
 def add_drill(p: argparse.ArgumentParser) -> Command:
-    lab_mod._common(p)
+    add_state_dir(p)
     p.add_argument("--seed", type=int, default=None, help="make the drill reproducible (incident, onset, data)")
     p.add_argument("--fast-forward", type=int, default=0, metavar="STEP", help="skip ahead (below the earliest onset)")
     return drill
 
 
 def add_ack(p: argparse.ArgumentParser) -> Command:
-    lab_mod._common(p)
+    add_state_dir(p)
     p.add_argument("alert", help="the alert to acknowledge, e.g. TrainingLossJump")
     p.add_argument("--comment", default="", help="what you know so far")
     p.add_argument("--expires", type=float, default=30, metavar="MINUTES", help="silence length (default 30)")
@@ -333,13 +344,13 @@ def add_ack(p: argparse.ArgumentParser) -> Command:
 
 
 def add_diagnose(p: argparse.ArgumentParser) -> Command:
-    lab_mod._common(p)
+    add_state_dir(p)
     p.add_argument("incident", help=f"your diagnosis: one of {', '.join(INCIDENTS)}")
     p.add_argument("--step", type=int, default=None, help="the step you think it began at")
     return diagnose
 
 
 def add_postmortem(p: argparse.ArgumentParser) -> Command:
-    lab_mod._common(p)
+    add_state_dir(p)
     p.add_argument("--out", type=Path, default=None, help="Markdown file (default postmortem-RUN.md)")
     return postmortem

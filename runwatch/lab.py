@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import subprocess
@@ -32,17 +31,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import requests
 
-from runwatch.cli import Command, UsageError
-from runwatch.paths import REPO, Layout, binary
+from runwatch.command import DEFAULT_STATE, Command, UsageError, add_state_dir
+from runwatch.files import write_atomic
+from runwatch.names import CONTROL_PORT, PORTS
+from runwatch.paths import Layout, binary, run_tool
 from runwatch.promserver import port_is_free, wait_ready
-from trainer.config import INCIDENTS, write_atomic
+from trainer.config import INCIDENTS
 from trainer.live import unique_run_id
-
-DEFAULT_STATE = Path(".runwatch")
-PORTS = {"trainer": 8000, "pager": 9095, "alertmanager": 9093, "prometheus": 9090}
-CONTROL_PORT = 8001  # the healthy control run, with --control
 
 # Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
 # where a learner's browser reaches each server, natively and through compose's published ports,
@@ -57,6 +55,9 @@ ALERTMANAGER_FLAGS = [
     "--cluster.listen-address=",  # one Alertmanager: no gossip port
     f"--web.external-url=http://127.0.0.1:{PORTS['alertmanager']}/",
 ]
+
+
+PY = [sys.executable, "-m", "runwatch"]  # our own commands, in this interpreter
 
 
 def loopback(config: str) -> str:
@@ -76,7 +77,7 @@ class Component:
 class Lab:
     """One lab's state directory and the components it runs."""
 
-    def __init__(self, state: Path = DEFAULT_STATE, root: Path = REPO):
+    def __init__(self, state: Path = DEFAULT_STATE, root: Path | None = None):
         self.state = Path(state).absolute()
         self.layout = Layout(root)
         self.pids = self.state / "pids"
@@ -113,76 +114,54 @@ class Lab:
     # --- processes ---
 
     def components(self, args: argparse.Namespace, run_id: str) -> list[Component]:
-        py = [sys.executable, "-m", "runwatch"]
-        train = [*py, "train", "--incident", args.incident, "--seed", str(args.seed), "--run-id", run_id]
-        train += ["--precision", args.precision]
-        train += ["--port", str(PORTS["trainer"]), "--run-dir", str(self.runs / run_id), "--wait-for-prometheus"]
-        if args.fast_forward:
-            train += ["--fast-forward", str(args.fast_forward)]
-        if args.onset is not None:
-            train += ["--onset", str(args.onset)]
-        if args.drill_seed is not None:
-            train += ["--drill-seed", str(args.drill_seed)]
-        loop = "http://127.0.0.1"
-        comps = [
-            Component("trainer", train, f"{loop}:{PORTS['trainer']}/-/ready", f"{loop}:{PORTS['trainer']}/metrics"),
-            Component(
-                "pager",
-                [*py, "pager-serve", "--port", str(PORTS["pager"]), "--log", str(self.page_log)],
-                f"{loop}:{PORTS['pager']}/-/ready",
-                f"{loop}:{PORTS['pager']}/metrics",
-            ),
-            Component(
-                "alertmanager",
-                [
-                    binary("alertmanager"),
-                    f"--config.file={self.alertmanager_yml}",
-                    f"--storage.path={self.state / 'alertmanager-data'}",
-                    f"--web.listen-address=127.0.0.1:{PORTS['alertmanager']}",
-                    *ALERTMANAGER_FLAGS,
-                ],
-                f"{loop}:{PORTS['alertmanager']}/-/ready",
-                f"{loop}:{PORTS['alertmanager']}",
-            ),  # fmt: skip
-            Component(
-                "prometheus",
-                [
-                    binary("prometheus"),
-                    f"--config.file={self.prometheus_dir / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={self.state / 'prometheus-data'}",
-                    f"--web.listen-address=127.0.0.1:{PORTS['prometheus']}",
-                    *PROMETHEUS_FLAGS,
-                ],
-                f"{loop}:{PORTS['prometheus']}/-/ready",
-                f"{loop}:{PORTS['prometheus']}",
-            ),  # fmt: skip
-        ]
+        """What `up` starts, in order: the trainer (and a healthy control), the pager,
+        Alertmanager, then Prometheus, which scrapes and alerts on the others."""
+        comps = [self._trainer(args, run_id), self._pager(), self._alertmanager(), self._prometheus()]
         if args.control:
-            control_id = f"none-{args.seed}-control-{run_id.rsplit('-', 1)[-1]}"
-            comps.insert(
-                1,
-                Component(
-                    "control",
-                    [
-                        *py,
-                        "train",
-                        "--seed",
-                        str(args.seed),
-                        "--run-id",
-                        control_id,
-                        "--port",
-                        str(CONTROL_PORT),
-                        "--run-dir",
-                        str(self.runs / control_id),
-                        "--fast-forward",
-                        str(args.fast_forward or 0),
-                        "--wait-for-prometheus",
-                    ],
-                    f"{loop}:{CONTROL_PORT}/-/ready",
-                    f"{loop}:{CONTROL_PORT}/metrics",
-                ),  # fmt: skip
-            )
+            comps.insert(1, self._control(args, run_id))
         return comps
+
+    @staticmethod
+    def _serving(name: str, argv: list[str], port: int, path: str = "") -> Component:
+        url = f"http://127.0.0.1:{port}"
+        return Component(name, argv, f"{url}/-/ready", f"{url}{path}")
+
+    def _train_argv(self, run_id: str, seed: int, port: int, fast_forward: int) -> list[str]:
+        argv = [*PY, "train", "--seed", str(seed), "--run-id", run_id, "--port", str(port)]
+        argv += ["--run-dir", str(self.runs / run_id), "--wait-for-prometheus"]
+        return argv + (["--fast-forward", str(fast_forward)] if fast_forward else [])
+
+    def _trainer(self, args: argparse.Namespace, run_id: str) -> Component:
+        argv = self._train_argv(run_id, args.seed, PORTS["trainer"], args.fast_forward)
+        argv += ["--incident", args.incident, "--precision", args.precision]
+        if args.onset is not None:
+            argv += ["--onset", str(args.onset)]
+        if args.drill_seed is not None:
+            argv += ["--drill-seed", str(args.drill_seed)]
+        return self._serving("trainer", argv, PORTS["trainer"], "/metrics")
+
+    def _control(self, args: argparse.Namespace, run_id: str) -> Component:
+        """A healthy run of the same seed beside the incident's, on its own port."""
+        control_id = f"none-{args.seed}-control-{run_id.rsplit('-', 1)[-1]}"
+        argv = self._train_argv(control_id, args.seed, CONTROL_PORT, args.fast_forward)
+        return self._serving("control", argv, CONTROL_PORT, "/metrics")
+
+    def _pager(self) -> Component:
+        argv = [*PY, "pager-serve", "--port", str(PORTS["pager"]), "--log", str(self.page_log)]
+        argv += ["--runbooks", str(self.layout.runbooks_dir)]
+        return self._serving("pager", argv, PORTS["pager"], "/metrics")
+
+    def _alertmanager(self) -> Component:
+        argv = [binary("alertmanager"), f"--config.file={self.alertmanager_yml}"]
+        argv += [f"--storage.path={self.state / 'alertmanager-data'}"]
+        argv += [f"--web.listen-address=127.0.0.1:{PORTS['alertmanager']}", *ALERTMANAGER_FLAGS]
+        return self._serving("alertmanager", argv, PORTS["alertmanager"])
+
+    def _prometheus(self) -> Component:
+        argv = [binary("prometheus"), f"--config.file={self.prometheus_dir / 'prometheus.yml'}"]
+        argv += [f"--storage.tsdb.path={self.state / 'prometheus-data'}"]
+        argv += [f"--web.listen-address=127.0.0.1:{PORTS['prometheus']}", *PROMETHEUS_FLAGS]
+        return self._serving("prometheus", argv, PORTS["prometheus"])
 
     def start(self, comp: Component) -> int:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -192,7 +171,15 @@ class Lab:
             proc = subprocess.Popen(
                 comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
-        record = {"pid": proc.pid, "argv": comp.argv, "ready_url": comp.ready_url, "url": comp.url}
+        # The start time with the PID: a PID that the kernel reuses for another process is not ours.
+        started = psutil.Process(proc.pid).create_time()
+        record = {
+            "pid": proc.pid,
+            "create_time": started,
+            "argv": comp.argv,
+            "ready_url": comp.ready_url,
+            "url": comp.url,
+        }
         write_atomic(self.pids / f"{comp.name}.json", json.dumps(record) + "\n")
         if not wait_ready(comp.ready_url, 60, proc):
             tail = (self.logs / f"{comp.name}.log").read_text(errors="replace").strip().splitlines()[-3:]
@@ -205,29 +192,32 @@ class Lab:
         return {p.stem: json.loads(p.read_text()) for p in sorted(self.pids.glob("*.json"))}
 
     @staticmethod
-    def alive(record: dict) -> bool:
-        """The PID still runs the very command we started (PIDs are reused)."""
+    def process(record: dict) -> psutil.Process | None:
+        """The process we started, if it still runs: the same PID, start time and command
+        (PIDs are reused)."""
         try:
-            cmdline = Path(f"/proc/{record['pid']}/cmdline").read_bytes().split(b"\0")[:-1]
-        except OSError:
-            return False
-        return [c.decode(errors="replace") for c in cmdline] == record["argv"]
+            proc = psutil.Process(record["pid"])
+            ours = proc.cmdline() == record["argv"] and proc.create_time() == record.get("create_time")
+            return proc if ours and proc.status() != psutil.STATUS_ZOMBIE else None
+        except psutil.Error:
+            return None
+
+    @classmethod
+    def alive(cls, record: dict) -> bool:
+        return cls.process(record) is not None
 
     def stop(self, name: str, timeout: float = 15) -> bool:
         """SIGTERM the component if it is still ours, SIGKILL after timeout; forget its PID file."""
         path = self.pids / f"{name}.json"
-        record = json.loads(path.read_text())
-        stopped = False
-        if self.alive(record):
-            os.kill(record["pid"], signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while self.alive(record) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if self.alive(record):
-                os.kill(record["pid"], signal.SIGKILL)
-            stopped = True
+        proc = self.process(json.loads(path.read_text()))
+        if proc is not None:
+            proc.terminate()
+            _, alive = psutil.wait_procs([proc], timeout=timeout)
+            for straggler in alive:
+                straggler.kill()
+            psutil.wait_procs(alive, timeout=5)
         path.unlink(missing_ok=True)
-        return stopped
+        return proc is not None
 
     def stop_all(self) -> list[str]:
         order = ["trainer", "control", "prometheus", "alertmanager", "pager"]
@@ -250,7 +240,7 @@ def up(args: argparse.Namespace) -> int:
         )
     if args.fast_forward < 0:
         raise UsageError(f"--fast-forward: must be 0 or more, got {args.fast_forward}")
-    lab = Lab(args.state_dir, args.root or REPO)
+    lab = Lab(args.state_dir, args.root)
     running = [n for n, r in lab.records().items() if lab.alive(r)]
     if running:
         raise UsageError(f"a lab is already running in {lab.state} ({', '.join(running)}): `runwatch down` first")
@@ -337,7 +327,7 @@ def reload(args: argparse.Namespace) -> int:
         [binary("amtool"), "check-config", str(lab.alertmanager_yml)],
     ]
     for argv in checks:
-        proc = subprocess.run(argv, capture_output=True, text=True)
+        proc = run_tool(argv, 120)
         if proc.returncode != 0:
             print(
                 f"runwatch reload: refused, {Path(argv[0]).name} found an error; the running lab keeps its old config:"
@@ -358,14 +348,8 @@ def reload(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--state-dir", type=Path, default=DEFAULT_STATE, help="the lab's state directory (default .runwatch)"
-    )
-
-
 def add_up(p: argparse.ArgumentParser) -> Command:
-    _common(p)
+    add_state_dir(p)
     p.add_argument("--incident", default="none", help="incident for the trainer, or random for a drill")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--onset", type=int, default=None)
@@ -374,13 +358,18 @@ def add_up(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision (Lesson 20)")
     p.add_argument("--detach", action="store_true", help="return once everything is ready")
     p.add_argument("--drill-seed", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--root", type=Path, default=None, help="checkout whose configuration to run (default: this one)")
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="configuration to run (default: the one `runwatch check` names)",
+    )
     return up
 
 
 def add_simple(fn: Command) -> Callable[[argparse.ArgumentParser], Command]:
     def add(p: argparse.ArgumentParser) -> Command:
-        _common(p)
+        add_state_dir(p)
         return fn
 
     return add

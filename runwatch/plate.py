@@ -1,88 +1,166 @@
-"""The plate's readouts and signatures: what Plate XV.6 says each incident does to the alerts.
+"""`runwatch plate`: the plate as a picture, drawn from a live Prometheus without Grafana.
 
-This is the spec, written once. The backtest reports against it, and the promtool incident
-tests are generated from it. It says what should happen; whether an alert fired is decided
-only by Prometheus evaluating the rule files.
+    runwatch plate --run corrupt_shard-0-083113 --out plate.png
+
+It runs the very queries of grafana/dashboards/watching-a-run.json (one source of truth for
+the PromQL) and lays them out as the plate does: training loss (thin) and held-out loss (dots),
+gradient norm with its alert threshold, throughput, the incident window shaded, and the
+readouts (the step at which each alert first fired) written on the figure. The x axis is the
+training step, read from runwatch_train_step at each query time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from trainer.config import INCIDENTS as INCIDENTS  # re-exported: the plate's incidents are the trainer's
+import requests
 
-ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")
+from runwatch import dashboard_queries as dq
+from runwatch.command import Command, UsageError, check_writable
+from runwatch.names import url
+from runwatch.paths import Layout
+from runwatch.promserver import PromQLError, instant, query_range
 
-# The plate's readouts: the step at which each alert first fired, as printed ("-": the plate
-# gives no readout for that pair).
-PLATE_READOUTS: dict[str, dict[str, int | None]] = {
-    "none": {},
-    "lr_spike": {"TrainingLossJump": 302},
-    "corrupt_shard": {"TrainingLossJump": 300, "GradientNormJump": 300},
-    "repeated_batch": {"HeldOutGap": 339, "TrainingLossJump": 362},
-    "slow_node": {"ThroughputDrop": 297},
+PANELS = {
+    "loss": "Training loss (thin) and held-out loss (dots)",
+    "grad": "Gradient norm",
+    "throughput": "Throughput (tokens/s per GPU)",
+    "readouts": "Readouts: step at which each alert first fired",
 }
 
 
-@dataclass(frozen=True)
-class Expect:
-    """What one alert should do in one incident's run.
+@dataclass
+class PlateData:
+    """Everything the figure shows, by training step: what tests assert on."""
 
-    fires=(lo, hi): first fires at a step in [lo, hi]. fires=None: never fires, unless
-    `after` is set, in which case it must stay silent before step `after` and may fire after.
+    run_id: str
+    series: dict[str, dict[str, list[tuple[int, float]]]] = field(default_factory=dict)  # panel -> legend -> points
+    incident: list[tuple[int, int]] = field(default_factory=list)  # step ranges
+    readouts: dict[str, int | None] = field(default_factory=dict)
+
+
+def latest_run(base: str) -> str:
+    found = instant(base, "max by (run_id) (timestamp(runwatch_train_step))")
+    if not found:
+        raise UsageError("--run: Prometheus holds no run yet; start one with `runwatch up`")
+    return max(found, key=lambda s: float(s["value"][1]))["metric"]["run_id"]
+
+
+def collect(base: str, run_id: str, since_s: float, now: float | None = None) -> PlateData:
+    """Run the dashboard's queries for one run over the last since_s seconds."""
+    end = now if now is not None else time.time()
+    start = end - since_s
+    dash = dq.load(Layout().dashboards_dir / "watching-a-run.json")
+    variables = {"run": run_id}
+    step_series = query_range(base, f'runwatch_train_step{{run_id="{run_id}"}}', start, end, 1.0)
+    if not step_series:
+        raise UsageError(f"--run: no samples of run {run_id!r} in the last {since_s / 60:g} minutes (--since)")
+    step_at = {round(float(t), 3): int(float(v)) for t, v in step_series[0]["values"]}
+    first, last = min(step_at), max(step_at)
+    start, end = first - 1, last + 1  # the run itself, not the empty minutes around it
+    data = PlateData(run_id)
+    queries = dq.queries(dash)
+    for key, title in PANELS.items():
+        for q in (q for q in queries if q.kind == "panel" and q.title == title):
+            for series in dq.run(base, q, variables, start, end):
+                if key == "readouts":
+                    value = int(float(series["value"][1]))
+                    data.readouts[q.legend] = None if value < 0 else value
+                    continue
+                pts = [
+                    (step_at[round(float(t), 3)], float(v))
+                    for t, v in series["values"]
+                    if round(float(t), 3) in step_at
+                ]
+                data.series.setdefault(key, {})[q.legend] = pts
+    for q in (q for q in queries if q.kind == "annotation" and q.title == "Incident window"):
+        for series in dq.run(base, q, variables, start, end):
+            active = sorted({step_at[round(float(t), 3)] for t, _ in series["values"] if round(float(t), 3) in step_at})
+            data.incident = windows(active, observed=set(step_at.values()))
+    return data
+
+
+def windows(active: list[int], observed: set[int]) -> list[tuple[int, int]]:
+    """Join the sorted active steps into shaded (first, last) windows.
+
+    A step shorter than the 1 s scrape interval can fall between two scrapes, so Prometheus
+    never holds it. Such a gap says nothing about the incident; only a step that was scraped
+    and found inactive ends a window.
     """
-
-    fires: tuple[int, int] | None = None
-    after: int | None = None
-
-    def met(self, first_fire: int | None) -> bool:
-        if self.fires is not None:
-            return first_fire is not None and self.fires[0] <= first_fire <= self.fires[1]
-        if self.after is not None:
-            return first_fire is None or first_fire >= self.after
-        return first_fire is None
-
-    def describe(self) -> str:
-        if self.fires is not None:
-            lo, hi = self.fires
-            return f"fires at {lo}" if lo == hi else f"fires in {lo}-{hi}"
-        return f"silent before {self.after}" if self.after is not None else "silent"
+    out: list[tuple[int, int]] = []
+    for s in active:
+        if out and not any(out[-1][1] < o < s for o in observed):
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
 
 
-SILENT = Expect()
+def draw(data: PlateData, out: Path) -> None:
+    """Write the figure as PNG, atomically."""
+    import matplotlib
 
-# Issue 3's targets, from the plate: which alerts fire, when, and which stay silent. A slow
-# node "cannot fire before the onset", so its window starts at 300 (the plate prints 297).
-SIGNATURES: dict[str, dict[str, Expect]] = {
-    "none": {a: SILENT for a in ALERTS},
-    "corrupt_shard": {
-        "TrainingLossJump": Expect(fires=(300, 300)),
-        "GradientNormJump": Expect(fires=(300, 300)),
-        "HeldOutGap": SILENT,
-        "ThroughputDrop": SILENT,
-    },
-    "lr_spike": {
-        "TrainingLossJump": Expect(fires=(300, 302)),
-        "HeldOutGap": SILENT,
-        "ThroughputDrop": SILENT,
-    },
-    "repeated_batch": {
-        "HeldOutGap": Expect(fires=(300, 339)),
-        "TrainingLossJump": Expect(fires=(360, 365)),
-        "GradientNormJump": Expect(after=360),
-        "ThroughputDrop": SILENT,
-    },
-    "slow_node": {
-        "ThroughputDrop": Expect(fires=(300, 302)),
-        "TrainingLossJump": SILENT,
-        "GradientNormJump": SILENT,
-        "HeldOutGap": SILENT,
-    },
-}
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True, constrained_layout=True)
+    readouts = "   ".join(f"{a} {'—' if s is None else s}" for a, s in data.readouts.items())
+    fig.suptitle(f"Watching a Run: {data.run_id}\nfirst fired at step:  {readouts}", fontsize=11, x=0.01, ha="left")
+    styles = {"held-out loss": dict(marker="o", linestyle="none", markersize=5)}
+    for ax, key, ylabel in zip(
+        axes, ("loss", "grad", "throughput"), ("loss (nats)", "gradient norm", "tokens/s"), strict=True
+    ):
+        for legend, pts in data.series.get(key, {}).items():
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                style = styles.get(legend, {"linewidth": 0.8, "linestyle": "--" if "threshold" in legend else "-"})
+                ax.plot(xs, ys, label=legend, **style)
+        for lo, hi in data.incident:
+            ax.axvspan(lo, hi + 1, color="red", alpha=0.12, label="incident" if key == "loss" else None)
+        ax.set_ylabel(ylabel)
+        ax.legend(loc="upper right", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[-1].set_xlabel("training step")
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, out)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
 
 
-def expectation(incident: str, alert: str) -> Expect | None:
-    """The plate's expectation, SILENT for any alert in a healthy run, None if it says nothing."""
-    if incident == "none":
-        return SILENT
-    return SIGNATURES[incident].get(alert)
+def add_arguments(p: argparse.ArgumentParser) -> Command:
+    p.add_argument("--run", default=None, help="run_id to draw (default: the lab's run, else the newest)")
+    p.add_argument("--state-dir", type=Path, default=Path(".runwatch"), help="the lab whose run is the default")
+    p.add_argument("--prometheus", default=url("prometheus"), help="Prometheus to query")
+    p.add_argument("--since", type=float, default=20, metavar="MINUTES", help="how far back to look (default 20)")
+    p.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    check_writable(args.out, "--out")
+    base = args.prometheus.rstrip("/")
+    try:
+        requests.get(f"{base}/-/ready", timeout=3).raise_for_status()
+    except requests.RequestException as err:
+        raise UsageError(f"--prometheus: {base} is not answering ({type(err).__name__})") from None
+    try:
+        lab_json = args.state_dir / "lab.json"
+        run_id = args.run or (json.loads(lab_json.read_text())["run_id"] if lab_json.exists() else latest_run(base))
+        data = collect(base, run_id, args.since * 60)
+    except PromQLError as err:
+        raise UsageError(f"--prometheus: {err}") from None
+    draw(data, args.out)
+    shown = ", ".join(f"{a} {'—' if s is None else s}" for a, s in data.readouts.items())
+    print(f"wrote {args.out}: run {run_id}; first fired at: {shown}")
+    return 0

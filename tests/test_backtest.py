@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runwatch.backtest import duration_seconds, parse_seeds
-from runwatch.cli import UsageError
+from runwatch.command import UsageError
 from runwatch.paths import REPO
 from tests.conftest import edit
 

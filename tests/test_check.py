@@ -3,6 +3,7 @@
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,14 @@ def test_broken_alertmanager_config_is_amtools_message(copy):
     res = check(copy)
     assert res.returncode == 1
     assert "FAIL  amtool check-config" in res.stdout and "nobody" in res.stdout
+
+
+def test_a_hung_tool_is_killed_and_named_in_one_line():
+    from runwatch.command import UsageError
+    from runwatch.paths import run_tool
+
+    t0 = time.monotonic()
+    with pytest.raises(UsageError) as err:
+        run_tool(["sleep", "30"], timeout=0.3)
+    assert str(err.value) == "sleep 30 did not finish in 0.3s; killed"
+    assert time.monotonic() - t0 < 10

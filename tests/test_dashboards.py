@@ -14,15 +14,16 @@ import time
 import pytest
 import yaml
 
-from runwatch import dashboards as dq
+from runwatch import dashboard_queries as dq
 from runwatch.paths import REPO
-from runwatch.picture import collect, draw, windows
+from runwatch.plate import collect, draw, windows
 from runwatch.promserver import instant
 from tests.conftest import runwatch, wait_for
 
 PROM = "http://127.0.0.1:9090"
 ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")
-FILES = sorted(dq.DASHBOARDS.glob("*.json"))
+DASHBOARDS = REPO / "grafana" / "dashboards"
+FILES = sorted(DASHBOARDS.glob("*.json"))
 
 
 def generator():
@@ -111,7 +112,7 @@ def test_every_query_is_accepted_and_returns_series(incident, path):
 
 
 def test_the_watching_a_run_queries_say_what_they_should(incident):
-    results = run_all(incident, dq.DASHBOARDS / "watching-a-run.json")
+    results = run_all(incident, DASHBOARDS / "watching-a-run.json")
     runs = {r["metric"]["run_id"] for r in results[("variable", "run", "")][1]}
     assert incident.run_id in runs and any("control" in r for r in runs)
 

@@ -5,6 +5,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 from prometheus_client import CollectorRegistry
@@ -82,8 +83,9 @@ def test_golden_metrics():
     metrics = TrainerMetrics("lr_spike-7", 7, "lr_spike", registry=CollectorRegistry(), precision="fp16")
     for step, loss, lr, active, skipped in [(299, 0.25, 0.1, False, False), (300, 0.5, 15.0, True, True)]:
         rec = StepRecord(
-            step, loss, 0.25, 1.5, lr, 1.0, 65536, active, float(step + 1), 12.5, 20.0, 7.0, 0.3, 512.0, skipped
-        )
+            step, loss, 0.25, 1.5, lr, 1.0, 65536, active, float(step + 1), weight_norm=7.0, expected_loss=0.3,
+            loss_scale=512.0, skipped=skipped, logits=np.array([[3.0, 4.0], [12.0, 16.0]]),  # norms 5 and 20
+        )  # fmt: skip
         metrics.observe(rec, 65536.0)
     metrics.checkpoint(249)
     srv = start(metrics.registry, free_port())

@@ -176,32 +176,3 @@ def test_status_reports_a_dead_component(lab):
 def test_pager_metrics_count_the_pages(lab):
     text = requests.get("http://127.0.0.1:9095/metrics", timeout=5).text
     assert "runwatch_pager_pages_total" in text
-
-
-def test_foreground_up_stops_every_component_on_sigterm(no_lab, tmp_path):
-    """`kill` of a foreground `runwatch up` stops what it started, as Ctrl-C does: no orphans."""
-    import signal
-
-    state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runwatch", "up", "--state-dir", str(state)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-
-    def ready() -> bool:
-        records = Lab(state).records()
-        try:
-            return len(records) == 4 and all(requests.get(r["ready_url"], timeout=1).ok for r in records.values())
-        except requests.RequestException:
-            return False
-
-    try:
-        wait_for(ready, 60, "the lab to be ready")
-        records = Lab(state).records()
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0 and "stopping:" in out, out
-    assert not any(Lab.alive(r) for r in records.values())
-    assert Lab(state).records() == {}

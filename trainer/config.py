@@ -14,16 +14,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 INCIDENTS = ("none", "lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
 
 
+# A drill's onset is drawn from this range, so "it's always step 300" is no shortcut.
+DRILL_ONSET_RANGE = (240, 360)
+
+
 class ConfigError(ValueError):
-    """A configuration value a run cannot start with; the message names the field."""
+    """A configuration value a run cannot start with: `field` names it, `problem` says why.
+
+    >>> ConfigError("lr", "must be positive, got 0").field
+    'lr'
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
 
 
 @dataclass(frozen=True)
@@ -81,26 +90,26 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ConfigError naming the first field a run cannot use."""
         if self.incident not in INCIDENTS:
-            raise ConfigError(f"incident: unknown incident {self.incident!r}; choose one of {', '.join(INCIDENTS)}")
+            raise ConfigError("incident", f"unknown incident {self.incident!r}; choose one of {', '.join(INCIDENTS)}")
         if not self.lr > 0:
-            raise ConfigError(f"lr: the learning rate must be positive, got {self.lr}")
+            raise ConfigError("lr", f"the learning rate must be positive, got {self.lr}")
         if self.steps <= 0:
-            raise ConfigError(f"steps: must be positive, got {self.steps}")
+            raise ConfigError("steps", f"must be positive, got {self.steps}")
         if not 0 <= self.onset < self.steps:
-            raise ConfigError(f"onset: must be in [0, steps), got onset={self.onset} with steps={self.steps}")
+            raise ConfigError("onset", f"must be in [0, steps), got onset={self.onset} with steps={self.steps}")
         for name in ("features", "classes", "batch_size", "heldout_size", "heldout_every", "tokens_per_example"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+                raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
         if self.step_seconds <= 0:
-            raise ConfigError(f"step_seconds: must be positive, got {self.step_seconds}")
+            raise ConfigError("step_seconds", f"must be positive, got {self.step_seconds}")
         if self.precision not in ("fp64", "fp16"):
-            raise ConfigError(f"precision: must be fp64 or fp16, got {self.precision!r}")
+            raise ConfigError("precision", f"must be fp64 or fp16, got {self.precision!r}")
         if not 0 <= self.fit_start < self.fit_end:
-            raise ConfigError(f"fit_end: the fit window [{self.fit_start}, {self.fit_end}) is empty")
+            raise ConfigError("fit_end", f"the fit window [{self.fit_start}, {self.fit_end}) is empty")
         if self.checkpoint_every <= 0 or self.checkpoint_keep <= 0:
-            raise ConfigError("checkpoint_every: it and checkpoint_keep must be positive")
+            raise ConfigError("checkpoint_every", "it and checkpoint_keep must be positive")
         if not 0 < self.slow_factor <= 1:
-            raise ConfigError(f"slow_factor: must be in (0, 1], got {self.slow_factor}")
+            raise ConfigError("slow_factor", f"must be in (0, 1], got {self.slow_factor}")
 
     @property
     def label(self) -> str:
@@ -118,21 +127,5 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"{source}: unknown field {unknown[0]!r}")
+            raise ConfigError(source, f"unknown field {unknown[0]!r}")
         return cls(**data)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write text to path via a temporary file and rename, so a reader never sees half a file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide run.json and reports from other readers
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

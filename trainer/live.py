@@ -17,8 +17,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from exporter.metrics import TrainerMetrics
-from trainer.config import TrainConfig, write_atomic
-from trainer.run import StepRecord, Trainer
+from runwatch.files import write_atomic
+from trainer.config import TrainConfig
+from trainer.record import StepRecord
+from trainer.run import Trainer
 
 LOG_EVERY = 10
 

@@ -21,7 +21,8 @@ from typing import TextIO
 
 from exporter import metrics as m
 from trainer.config import TrainConfig
-from trainer.run import StepRecord, Trainer
+from trainer.record import StepRecord, activation_norms
+from trainer.run import Trainer
 
 # 2026-01-01T00:00:00Z: a fixed start keeps offline files reproducible byte for byte.
 DEFAULT_START = 1767225600.0
@@ -73,8 +74,9 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, str, list[float]]]:
     }
     info_incident = m.HIDDEN if cfg.drill else cfg.incident
     fam[m.RUN_INFO] = ("gauge", f'{run.labels},seed="{cfg.seed}",incident="{info_incident}"', [1.0] * len(recs))
-    fam[m.LOGIT_NORM_MEAN] = ("gauge", run.labels, [r.logit_norm_mean for r in recs])
-    fam[m.LOGIT_NORM_MAX] = ("gauge", run.labels, [r.logit_norm_max for r in recs])
+    norm_mean, norm_max = activation_norms([r.logits for r in recs])  # the whole run in one pass
+    fam[m.LOGIT_NORM_MEAN] = ("gauge", run.labels, norm_mean)
+    fam[m.LOGIT_NORM_MAX] = ("gauge", run.labels, norm_max)
     fam[m.WEIGHT_NORM] = ("gauge", run.labels, [r.weight_norm for r in recs])
     fam[m.EXPECTED_LOSS] = ("gauge", run.labels, [r.expected_loss for r in recs])
     if cfg.precision == "fp16":

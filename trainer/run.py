@@ -16,45 +16,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from runwatch.files import write_atomic
 from trainer import model
 from trainer.config import TrainConfig
+from trainer.record import StepRecord
 
 # Independent random streams; their numbers are part of the data's definition.
 _BATCH, _HELDOUT, _JITTER, _SHUFFLE = 0, 1, 2, 3
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one step produced: the numbers the exporter publishes."""
-
-    step: int
-    loss: float  # the batch's mean cross-entropy, before this step's update
-    heldout_loss: float  # latest held-out evaluation (refreshed every heldout_every steps)
-    gradient_norm: float  # L2 norm of the full gradient (weights and bias)
-    lr: float  # learning rate applied at this step
-    duration_seconds: float  # simulated device time of this step
-    tokens: int  # tokens processed by this step
-    incident_active: bool  # whether the incident acts on this step
-    lab_time: float  # lab seconds from the run's start to the end of this step
-    # Lesson 20's signals. NaN where a run has none: no loss scale in float64, no expected
-    # loss before the fit window ends.
-    logit_norm_mean: float = float("nan")  # mean L2 norm of the batch's logits
-    logit_norm_max: float = float("nan")  # largest L2 norm of one example's logits
-    weight_norm: float = float("nan")  # L2 norm of all weights and biases
-    expected_loss: float = float("nan")  # the power law fitted to the early loss, at this step
-    loss_scale: float = float("nan")  # the dynamic loss scale this step ran with (fp16)
-    skipped: bool = False  # fp16: the gradient overflowed, so the update was skipped
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.duration_seconds
 
 
 def _rng(cfg: TrainConfig, stream: int, step: int = 0) -> np.random.Generator:
@@ -101,19 +75,10 @@ def get_batch(cfg: TrainConfig, means: np.ndarray, step: int) -> tuple[np.ndarra
     return x, y
 
 
-def signals(logits: np.ndarray, w: np.ndarray, b: np.ndarray, ones: np.ndarray) -> tuple[float, float, float]:
-    """Lesson 20's activation and weight norms: (mean, max) of the per-example L2 norms of the
-    logits, and the L2 norm of all parameters. `ones` is np.ones(classes).
-
-    On the hot path, where numpy's per-call overhead is most of the cost: row sums as a dot
-    with ones, bare ufunc reductions (einsum and ndarray.sum cost twice as much here).
-    """
-    squares = np.dot(logits * logits, ones)
-    norms = np.sqrt(squares)
-    flat = w.reshape(-1)
-    mean = float(np.add.reduce(norms)) / len(norms)
-    largest = math.sqrt(float(np.maximum.reduce(squares)))
-    return mean, largest, math.sqrt(float(np.dot(flat, flat)) + float(np.dot(b, b)))
+def weight_norm(w: np.ndarray, b: np.ndarray) -> float:
+    """Lesson 20's weight norm: the L2 norm of all parameters. vdot flattens without a copy; on
+    the hot path numpy's per-call overhead is most of the cost."""
+    return math.sqrt(float(np.vdot(w, w)) + float(np.vdot(b, b)))
 
 
 class Trainer:
@@ -128,7 +93,6 @@ class Trainer:
         self.means = model.class_means(cfg)
         self.heldout = model.sample(_rng(cfg, _HELDOUT), self.means, cfg.heldout_size, cfg.noise)
         self.durations = step_durations(cfg)
-        self._ones = np.ones(cfg.classes)
         dtype = np.float32 if cfg.precision == "fp16" else np.float64  # fp16 keeps float32 master weights
         self.w = np.zeros((cfg.features, cfg.classes), dtype)
         self.b = np.zeros(cfg.classes, dtype)
@@ -173,7 +137,6 @@ class Trainer:
         if cfg.precision == "fp16":
             self._update_scale(skipped)
         # --- Lesson 20's signals ---
-        logit_norm_mean, logit_norm_max, weight_norm = signals(logits, self.w, self.b, self._ones)
         if cfg.fit_start <= s < cfg.fit_end:
             self.fit_losses.append(loss)
             if s == cfg.fit_end - 1:
@@ -193,12 +156,11 @@ class Trainer:
             tokens=cfg.batch_size * cfg.tokens_per_example,
             incident_active=incident_active(cfg, s),
             lab_time=self.lab_time,
-            logit_norm_mean=logit_norm_mean,
-            logit_norm_max=logit_norm_max,
-            weight_norm=weight_norm,
+            weight_norm=weight_norm(self.w, self.b),
             expected_loss=expected,
             loss_scale=scale,
             skipped=skipped,
+            logits=logits,  # its norms are computed when read, off the step (trainer.record)
         )
 
     def _update_scale(self, found_inf: bool) -> None:
@@ -220,14 +182,14 @@ class Trainer:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"checkpoint-{self.next_step - 1:06d}.npz"
-        tmp = folder / f".{path.name}.tmp.npz"
+        buffer = io.BytesIO()
         np.savez(
-            tmp, config=np.array(self.cfg.to_json()), w=self.w, b=self.b, fit_losses=np.array(self.fit_losses),
+            buffer, config=np.array(self.cfg.to_json()), w=self.w, b=self.b, fit_losses=np.array(self.fit_losses),
             fit=np.array(self.fit if self.fit else []),
             scalars=np.array([self.next_step, self.lab_time, self.heldout_loss, self.grad_norm, self.scale,
                               self.clean_steps, self.skipped_steps]),
         )  # fmt: skip
-        os.replace(tmp, path)
+        write_atomic(path, buffer.getvalue())
         for old in sorted(folder.glob("checkpoint-*.npz"))[: -self.cfg.checkpoint_keep]:
             old.unlink()
         return path

@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from trainer.config import write_atomic
+from runwatch.files import write_atomic
 
 _HEADER = "runwatch sealed drill answer: open it with `runwatch diagnose`, not by hand\n"
 

@@ -19,16 +19,16 @@ from pathlib import Path
 
 from exporter.metrics import HIDDEN, TrainerMetrics
 from exporter.server import PortInUseError, start
-from runwatch.cli import Command, UsageError, check_writable
-from trainer.config import INCIDENTS, ConfigError, TrainConfig, write_atomic
+from runwatch.command import Command, UsageError, check_writable, flag
+from runwatch.files import write_atomic
+from runwatch.names import PORTS
+from trainer.config import DRILL_ONSET_RANGE, INCIDENTS, ConfigError, TrainConfig
 from trainer.live import RunRecord, run_live, unique_run_id
 from trainer.offline import simulate, write_openmetrics
 from trainer.run import Trainer
 from trainer.sealed import seal
 
 RANDOM = "random"
-# A drill's onset is drawn from this range, so "it's always step 300" is no shortcut.
-DRILL_ONSET_RANGE = (240, 360)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> Command:
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--onset", type=int, default=None, help=f"first incident step (default {d.onset})")
     p.add_argument("--lr", type=float, default=None, help=f"SGD learning rate (default {d.lr})")
     p.add_argument("--run-id", default="", help="label on every series (default INCIDENT-SEED, -HHMMSS when live)")
-    p.add_argument("--port", type=int, default=8000, help="/metrics port on 127.0.0.1 (live)")
+    p.add_argument("--port", type=int, default=PORTS["trainer"], help="/metrics port on 127.0.0.1 (live)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve /metrics on (live)")
     p.add_argument("--fast-forward", type=int, default=0, metavar="STEP", help="train steps 0..STEP-1 unpaced first")
     p.add_argument("--run-dir", type=Path, default=None, help="where run.json goes (default runs/RUN_ID)")
@@ -84,12 +84,16 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
     try:
         cfg.validate()
     except ConfigError as err:
-        field, _, msg = str(err).partition(": ")
-        if field == "onset" and 0 <= cfg.onset:
+        if err.field == "onset" and 0 <= cfg.onset:
             raise UsageError(f"--steps: must be greater than --onset ({cfg.onset}), got {cfg.steps}") from None
-        raise UsageError(f"--{field.replace('_', '-')}: {msg}") from None
+        raise usage_error(err) from None
     public = dataclasses.replace(cfg, incident=HIDDEN, onset=-1) if drill else cfg
     return cfg, public
+
+
+def usage_error(err: ConfigError) -> UsageError:
+    """A config field's error, as the flag that sets it: `fast_forward` -> `--fast-forward`."""
+    return UsageError(f"{flag(err.field)}: {err.problem}")
 
 
 def run_offline(cfg: TrainConfig, out: Path) -> int:
@@ -119,8 +123,7 @@ def resume(args: argparse.Namespace) -> Trainer:
         try:
             trainer = trainer.retarget(dataclasses.replace(trainer.cfg, **changes))
         except ConfigError as err:
-            field, _, msg = str(err).partition(": ")
-            raise UsageError(f"--{field}: {msg}") from None
+            raise usage_error(err) from None
     return trainer
 
 

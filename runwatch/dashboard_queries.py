@@ -4,7 +4,7 @@ Grafana does not run on the machines this lab is built on, so this is how the da
 proven (tests/test_dashboards.py) and how `runwatch plate` draws the plate without a second
 copy of the PromQL: every query comes from grafana/dashboards/*.json.
 
-    >>> qs = queries(load(DASHBOARDS / "watching-a-run.json"))
+    >>> qs = queries(load(Layout().dashboards_dir / "watching-a-run.json"))
     >>> expr = substitute(qs[0].expr, {"run": "corrupt_shard-0-083113"}, range_s=600)
 """
 
@@ -17,10 +17,8 @@ from pathlib import Path
 
 import requests
 
-from runwatch.paths import REPO
 from runwatch.promserver import instant, query_range
 
-DASHBOARDS = REPO / "grafana" / "dashboards"
 SCRAPE_INTERVAL_S = 1  # the Prometheus datasource's timeInterval (grafana/provisioning)
 MAX_DATA_POINTS = 1000  # about a panel's width in pixels, which Grafana uses to pick $__interval
 

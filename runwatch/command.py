@@ -1,0 +1,56 @@
+"""What every subcommand shares: its one-line usage error, its parser, and checks of its flags.
+
+Low in the house: the subcommand modules import this, and `runwatch.cli` (which dispatches to
+them) imports them; nothing here imports the project.
+
+    >>> raise UsageError("--seeds: range 9-1 runs backwards")   # runwatch backtest: --seeds: ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+
+class UsageError(Exception):
+    """Bad input from the command line or a file it names; the message names the flag or file."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump): a UsageError, which the caller prints with
+    exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+Command = Callable[[argparse.Namespace], int]
+
+DEFAULT_STATE = Path(".runwatch")
+
+
+def add_state_dir(p: argparse.ArgumentParser) -> None:
+    """The --state-dir flag of every command that works on a lab."""
+    p.add_argument(
+        "--state-dir", type=Path, default=DEFAULT_STATE, help="the lab's state directory (default .runwatch)"
+    )
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Make sure a file can be created beside `path` (by creating and removing one), or raise a
+    UsageError naming the flag, before any work is done."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as err:
+        raise UsageError(f"{flag}: cannot write {path}: {err.strerror}") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def flag(field: str) -> str:
+    """The command-line flag of a config field: `fast_forward` -> `--fast-forward`."""
+    return "--" + field.replace("_", "-")

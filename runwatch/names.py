@@ -1,0 +1,26 @@
+"""The lab's names and addresses, in one place: the alerts, the components and their ports.
+
+The rule files are the truth for what each alert does; this is the list of their names that
+Python needs (the plate's spec, the backtest's report, the dashboards), and tests/test_rules.py
+holds it equal to the rule files. Nothing here imports the project.
+"""
+
+from __future__ import annotations
+
+# --- alerts, by what they watch (prometheus/rules/alerts.yml and meta.yml) ---
+PLATE_ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")  # the plate's four
+LESSON20_ALERTS = ("LossScaleCollapse", "ActivationNormSpike")  # Lesson 20's early warnings
+TARGET_ALERTS = ("TrainerDown",)
+META_ALERTS = ("Watchdog", "PagerDown", "AlertmanagerNotificationsFailing", "RuleEvaluationFailing")
+# The rule group of the lab's own health: a backtest runs no Alertmanager or pager, so it skips it.
+META_GROUP = "runwatch-meta"
+
+# --- components: each one's port, the same natively (on 127.0.0.1) and published by compose ---
+PORTS = {"trainer": 8000, "pager": 9095, "alertmanager": 9093, "prometheus": 9090}
+CONTROL_PORT = 8001  # the healthy control run of `runwatch up --control`
+LOOPBACK = "127.0.0.1"
+
+
+def url(component: str) -> str:
+    """Where a learner's browser (and every command) reaches a component: http://127.0.0.1:PORT."""
+    return f"http://{LOOPBACK}:{PORTS[component]}"

@@ -1,0 +1,89 @@
+"""The plate's readouts and signatures: what Plate XV.6 says each incident does to the alerts.
+
+This is the spec, written once. The backtest reports against it, and the promtool incident
+tests are generated from it. It says what should happen; whether an alert fired is decided
+only by Prometheus evaluating the rule files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runwatch.names import PLATE_ALERTS
+from trainer.config import INCIDENTS as INCIDENTS  # re-exported: the plate's incidents are the trainer's
+
+ALERTS = PLATE_ALERTS
+
+# The plate's readouts: the step at which each alert first fired, as printed ("-": the plate
+# gives no readout for that pair).
+PLATE_READOUTS: dict[str, dict[str, int | None]] = {
+    "none": {},
+    "lr_spike": {"TrainingLossJump": 302},
+    "corrupt_shard": {"TrainingLossJump": 300, "GradientNormJump": 300},
+    "repeated_batch": {"HeldOutGap": 339, "TrainingLossJump": 362},
+    "slow_node": {"ThroughputDrop": 297},
+}
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What one alert should do in one incident's run.
+
+    fires=(lo, hi): first fires at a step in [lo, hi]. fires=None: never fires, unless
+    `after` is set, in which case it must stay silent before step `after` and may fire after.
+    """
+
+    fires: tuple[int, int] | None = None
+    after: int | None = None
+
+    def met(self, first_fire: int | None) -> bool:
+        if self.fires is not None:
+            return first_fire is not None and self.fires[0] <= first_fire <= self.fires[1]
+        if self.after is not None:
+            return first_fire is None or first_fire >= self.after
+        return first_fire is None
+
+    def describe(self) -> str:
+        if self.fires is not None:
+            lo, hi = self.fires
+            return f"fires at {lo}" if lo == hi else f"fires in {lo}-{hi}"
+        return f"silent before {self.after}" if self.after is not None else "silent"
+
+
+SILENT = Expect()
+
+# Issue 3's targets, from the plate: which alerts fire, when, and which stay silent. A slow
+# node "cannot fire before the onset", so its window starts at 300 (the plate prints 297).
+SIGNATURES: dict[str, dict[str, Expect]] = {
+    "none": {a: SILENT for a in ALERTS},
+    "corrupt_shard": {
+        "TrainingLossJump": Expect(fires=(300, 300)),
+        "GradientNormJump": Expect(fires=(300, 300)),
+        "HeldOutGap": SILENT,
+        "ThroughputDrop": SILENT,
+    },
+    "lr_spike": {
+        "TrainingLossJump": Expect(fires=(300, 302)),
+        "HeldOutGap": SILENT,
+        "ThroughputDrop": SILENT,
+    },
+    "repeated_batch": {
+        "HeldOutGap": Expect(fires=(300, 339)),
+        "TrainingLossJump": Expect(fires=(360, 365)),
+        "GradientNormJump": Expect(after=360),
+        "ThroughputDrop": SILENT,
+    },
+    "slow_node": {
+        "ThroughputDrop": Expect(fires=(300, 302)),
+        "TrainingLossJump": SILENT,
+        "GradientNormJump": SILENT,
+        "HeldOutGap": SILENT,
+    },
+}
+
+
+def expectation(incident: str, alert: str) -> Expect | None:
+    """The plate's expectation, SILENT for any alert in a healthy run, None if it says nothing."""
+    if incident == "none":
+        return SILENT
+    return SIGNATURES[incident].get(alert)
