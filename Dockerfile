@@ -11,6 +11,11 @@ COPY trainer ./trainer
 COPY exporter ./exporter
 COPY oncall ./oncall
 COPY runwatch ./runwatch
+# The lab's configuration: the wheel carries it as runwatch/configuration/ (pyproject.toml).
+COPY prometheus ./prometheus
+COPY alertmanager ./alertmanager
+COPY runbooks ./runbooks
+COPY grafana ./grafana
 RUN pip install --no-cache-dir .
 
 # Log lines reach `docker compose logs` as they are written, not when a buffer fills.

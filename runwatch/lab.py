@@ -209,15 +209,25 @@ class Lab:
     def stop(self, name: str, timeout: float = 15) -> bool:
         """SIGTERM the component if it is still ours, SIGKILL after timeout; forget its PID file."""
         path = self.pids / f"{name}.json"
-        proc = self.process(json.loads(path.read_text()))
+        record = json.loads(path.read_text())
+        proc = self.process(record)
         if proc is not None:
             proc.terminate()
-            _, alive = psutil.wait_procs([proc], timeout=timeout)
-            for straggler in alive:
-                straggler.kill()
-            psutil.wait_procs(alive, timeout=5)
+            if not self._exits(record, timeout):
+                proc.kill()
+                self._exits(record, 5)
         path.unlink(missing_ok=True)
         return proc is not None
+
+    def _exits(self, record: dict, timeout: float) -> bool:
+        """Wait until the process has exited. A zombie has: its parent (init, for a detached lab)
+        reaps it when it will, which takes 2 s here and which psutil.wait_procs waits for."""
+        deadline = time.monotonic() + timeout
+        while self.process(record) is not None:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def stop_all(self) -> list[str]:
         order = ["trainer", "control", "prometheus", "alertmanager", "pager"]
@@ -327,7 +337,7 @@ def reload(args: argparse.Namespace) -> int:
         [binary("amtool"), "check-config", str(lab.alertmanager_yml)],
     ]
     for argv in checks:
-        proc = run_tool(argv, 120)
+        proc = run_tool(argv)
         if proc.returncode != 0:
             print(
                 f"runwatch reload: refused, {Path(argv[0]).name} found an error; the running lab keeps its old config:"

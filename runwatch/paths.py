@@ -71,7 +71,12 @@ def config_root(cwd: Path | None = None) -> tuple[Path, str]:
     )
 
 
-def run_tool(argv: list[str], timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
+# A check by promtool or amtool that runs past this is hung, not slow: `promtool test rules` of
+# every test file takes about 2 s here.
+TOOL_TIMEOUT_S = 120
+
+
+def run_tool(argv: list[str], timeout: float = TOOL_TIMEOUT_S, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run a Prometheus-family tool to completion, capturing its output; a tool that hangs past
     `timeout` seconds is killed and becomes a one-line UsageError naming it."""
     try:

@@ -12,9 +12,8 @@ training step, read from runwatch_train_step at each query time.
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import requests
 
 from runwatch import dashboard_queries as dq
 from runwatch.command import Command, UsageError, check_writable
+from runwatch.files import write_atomic
 from runwatch.names import url
 from runwatch.paths import Layout
 from runwatch.promserver import PromQLError, instant, query_range
@@ -128,14 +128,12 @@ def draw(data: PlateData, out: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
     axes[-1].set_xlabel("training step")
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".png")
-    os.close(fd)
+    image = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, out)
+        fig.savefig(image, format="png", dpi=100)
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
+    write_atomic(out, image.getvalue())  # whole, fsynced, readable by others (mkstemp's 0600 was not)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> Command:

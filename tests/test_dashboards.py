@@ -165,6 +165,8 @@ def test_the_plate_picture_from_the_live_run(incident, tmp_path):
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", head[16:24])
     assert (width, height) == (1000, 900) and out.stat().st_size > 30_000
+    assert out.stat().st_mode & 0o777 == 0o644  # readable beside the postmortem, as every report is
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []  # no temporary file left
 
 
 def test_incident_windows_join_across_unscraped_steps_only():

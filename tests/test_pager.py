@@ -527,3 +527,10 @@ def test_serve_stops_cleanly_on_sigterm(tmp_path):
         assert "Traceback" not in proc.stderr.read()
     finally:
         proc.kill()
+
+
+def test_serve_cli_bad_watchdog_timeout_names_the_flag(capsys):
+    for bad in ("0", "-1", "soon", "1e9"):
+        assert serve_main(["--watchdog-timeout", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--watchdog-timeout" in err, err

@@ -41,6 +41,18 @@ scratch_root() {
   printf 'hosts: files dns\n' >"$root/etc/nsswitch.conf"
 }
 
+# The image itself, FROM scratch over ctx/rootfs, as upstream's: `nobody` owns /NAME, the data
+# volume and working directory; the binary /bin/NAME is the entrypoint; CMD is upstream's.
+build_scratch() {
+  local image=$1 ctx=$2 name=$3 port=$4 cmd=$5
+  mkdir -p "$ctx/data"
+  printf '%s\n' "FROM scratch" "COPY rootfs/ /" "COPY --chown=65534:65534 data/ /$name/" "USER nobody" \
+    "EXPOSE $port" "VOLUME [\"/$name\"]" "WORKDIR /$name" "ENTRYPOINT [\"/bin/$name\"]" "CMD $cmd" \
+    >"$ctx/Containerfile"
+  say "building $image"
+  podman build -q -t "$image" "$ctx" >/dev/null
+}
+
 if have "$PROMETHEUS_IMAGE"; then
   say "$PROMETHEUS_IMAGE exists"
 else
@@ -48,21 +60,10 @@ else
   scratch_root "$ctx/rootfs" /usr/bin/prometheus prometheus
   cp /usr/bin/promtool "$ctx/rootfs/bin/promtool"
   mkdir -p "$ctx/rootfs/etc/prometheus" "$ctx/rootfs/usr/share/prometheus/console_libraries" \
-    "$ctx/rootfs/usr/share/prometheus/consoles" "$ctx/data"
+    "$ctx/rootfs/usr/share/prometheus/consoles"
   cp /etc/prometheus/prometheus.yml "$ctx/rootfs/etc/prometheus/"
-  cat >"$ctx/Containerfile" <<'EOF'
-FROM scratch
-COPY rootfs/ /
-COPY --chown=65534:65534 data/ /prometheus/
-USER nobody
-EXPOSE 9090
-VOLUME ["/prometheus"]
-WORKDIR /prometheus
-ENTRYPOINT ["/bin/prometheus"]
-CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus", "--web.console.libraries=/usr/share/prometheus/console_libraries", "--web.console.templates=/usr/share/prometheus/consoles"]
-EOF
-  say "building $PROMETHEUS_IMAGE"
-  podman build -q -t "$PROMETHEUS_IMAGE" "$ctx" >/dev/null
+  build_scratch "$PROMETHEUS_IMAGE" "$ctx" prometheus 9090 \
+    '["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus", "--web.console.libraries=/usr/share/prometheus/console_libraries", "--web.console.templates=/usr/share/prometheus/consoles"]'
 fi
 
 if have "$ALERTMANAGER_IMAGE"; then
@@ -72,21 +73,10 @@ else
   scratch_root "$ctx/rootfs" /usr/bin/prometheus-alertmanager alertmanager
   cp /usr/bin/amtool "$ctx/rootfs/bin/amtool"
   # Debian's build reads its notification templates from here.
-  mkdir -p "$ctx/rootfs/usr/share/prometheus" "$ctx/rootfs/etc/alertmanager" "$ctx/data"
+  mkdir -p "$ctx/rootfs/usr/share/prometheus" "$ctx/rootfs/etc/alertmanager"
   cp -r /usr/share/prometheus/alertmanager "$ctx/rootfs/usr/share/prometheus/"
-  cat >"$ctx/Containerfile" <<'EOF'
-FROM scratch
-COPY rootfs/ /
-COPY --chown=65534:65534 data/ /alertmanager/
-USER nobody
-EXPOSE 9093
-VOLUME ["/alertmanager"]
-WORKDIR /alertmanager
-ENTRYPOINT ["/bin/alertmanager"]
-CMD ["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager"]
-EOF
-  say "building $ALERTMANAGER_IMAGE"
-  podman build -q -t "$ALERTMANAGER_IMAGE" "$ctx" >/dev/null
+  build_scratch "$ALERTMANAGER_IMAGE" "$ctx" alertmanager 9093 \
+    '["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager"]'
 fi
 
 if have "$PYTHON_IMAGE"; then
