@@ -8,12 +8,13 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from runwatch.backtest import duration_seconds, parse_seeds
 from runwatch.command import UsageError
 from runwatch.paths import REPO
-from tests.conftest import edit
+from tests.conftest import edit, wait_for
 
 
 def backtest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -22,17 +23,29 @@ def backtest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
-def prometheus_leftovers() -> list[str]:
-    out = subprocess.run(["pgrep", "-af", "runwatch-backtest-"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines() if "prometheus" in ln and "pgrep" not in ln]
+def its_prometheus(pid: int) -> list[psutil.Process]:
+    """The Prometheus processes among a backtest's own descendants (never a machine-wide search)."""
+    try:
+        return [p for p in psutil.Process(pid).children(recursive=True) if p.name() == "prometheus"]
+    except psutil.Error:
+        return []
 
 
 @pytest.fixture(scope="module")
 def three_seeds(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("bt")
-    res = backtest("--seeds", "0-2", "--json", str(tmp / "bt.json"), cwd=tmp)
-    assert res.returncode == 0, res.stderr
-    return {"stdout": res.stdout, "stderr": res.stderr, "doc": json.loads((tmp / "bt.json").read_text())}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "backtest", "--seeds", "0-2", "--json", str(tmp / "bt.json")],
+        cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    started: dict[int, psutil.Process] = {}  # every Prometheus the backtest started, seen while it runs
+    while proc.poll() is None:
+        started |= {p.pid: p for p in its_prometheus(proc.pid)}
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    doc = json.loads((tmp / "bt.json").read_text())
+    return {"stdout": stdout, "stderr": stderr, "doc": doc, "prometheus": list(started.values())}
 
 
 def first_fires(doc: dict, incident: str, alert: str) -> list:
@@ -67,7 +80,8 @@ def test_report_and_progress(three_seeds):
     assert "[300]" in three_seeds["stdout"]  # the plate's readout beside ours
     assert "15 fp64 runs (3 seeds x 5 incidents)" in three_seeds["stdout"]
     assert "trained and loaded" in three_seeds["stderr"] and "reading HeldOutGap" in three_seeds["stderr"]
-    assert prometheus_leftovers() == []
+    assert three_seeds["prometheus"]  # it ran a Prometheus of its own ...
+    assert [p for p in three_seeds["prometheus"] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
 
 
 def test_an_edited_rule_changes_what_it_catches(tmp_path):
@@ -123,11 +137,12 @@ def test_ctrl_c_stops_prometheus(tmp_path):
     while time.monotonic() < deadline and "backfilling" not in seen:
         seen += proc.stderr.readline()
     assert "backfilling" in seen
-    time.sleep(0.5)
+    children = wait_for(lambda: its_prometheus(proc.pid), 30, "the backtest's own Prometheus")
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert prometheus_leftovers() == []
+    # is_running() checks the start time too, so a reused PID is not mistaken for a leftover
+    assert [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
 
 
 def test_parsers():
