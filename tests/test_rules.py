@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from oncall.pager import RUNBOOK_BASE
+from runwatch.names import LESSON20_ALERTS, META_ALERTS, META_GROUP, PLATE_ALERTS, TARGET_ALERTS
 from runwatch.paths import REPO
 from tests.conftest import edit, need
 
@@ -51,14 +52,12 @@ def test_generated_incident_tests_are_up_to_date():
     assert module.render() == (TESTS / "incidents.test.yml").read_text(), "run prometheus/tests/make_incident_tests.py"
 
 
-def test_the_plate_alerts_exist_with_their_exact_names():
+def test_the_alerts_exist_with_the_names_python_knows():
+    """runwatch.names is the one list of alert names Python uses; the rule files must agree."""
     names = [r["alert"] for r in rules_of("alert")]
-    assert names == [
-        "TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop",  # the plate's four
-        "LossScaleCollapse", "ActivationNormSpike",  # Lesson 20's early-warning signals
-        "TrainerDown",
-        "Watchdog", "PagerDown", "AlertmanagerNotificationsFailing", "RuleEvaluationFailing",  # the lab's own health
-    ]  # fmt: skip
+    assert names == [*PLATE_ALERTS, *LESSON20_ALERTS, *TARGET_ALERTS, *META_ALERTS]
+    assert PLATE_ALERTS == ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")  # the plate's
+    assert [g["name"] for g in yaml.safe_load((RULES / "meta.yml").read_text())["groups"]] == [META_GROUP]
 
 
 @pytest.mark.parametrize("rule", rules_of("alert"), ids=lambda r: r["alert"])
