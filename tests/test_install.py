@@ -13,6 +13,7 @@ and downloading numpy and matplotlib again would cost half a minute of `make tes
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -29,7 +30,11 @@ def run(argv: list[str], cwd, timeout: float = 300) -> subprocess.CompletedProce
 def test_a_wheel_in_a_fresh_venv_checks_and_backtests_from_outside_the_checkout(tmp_path):
     wheel_dir, venv, elsewhere = tmp_path / "dist", tmp_path / "venv", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    res = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheel_dir), str(REPO)], tmp_path)
+    # built from a copy: setuptools writes build/ and *.egg-info into the tree it builds
+    junk = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".runwatch", "runs")
+    shutil.copytree(REPO, tmp_path / "src", ignore=junk)
+    res = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheel_dir), str(tmp_path / "src")],
+              tmp_path)  # fmt: skip
     assert res.returncode == 0, res.stderr
     (wheel,) = wheel_dir.glob("runwatch-*.whl")
     res = run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
