@@ -116,7 +116,7 @@ def test_alertmanager_restart_during_an_incident_still_pages_once(lab):
         time.sleep(2)  # Prometheus tries to send while Alertmanager is away
         lab.start(Component("alertmanager", record["argv"], record["ready_url"], record["url"]))
         wait_for(lambda: pages(lab, extra.run_id, "TrainingLossJump"), 30, "the page after the restart")
-        time.sleep(6)  # retries and a repeat may come: the pager must store the page once
+        time.sleep(6)  # a group_interval: time for a duplicate to show up, if there were one
         assert len(pages(lab, extra.run_id, "TrainingLossJump")) == 1
     finally:
         extra.close()
