@@ -39,6 +39,18 @@ def runbook_path(page: dict[str, Any]) -> str:
     return f"runbooks/{name}" if name.endswith(".md") else f"runbooks/{page.get('alert') or 'unknown'}.md"
 
 
+def printable(value: object) -> str:
+    """The text with every character a terminal would act on escaped, as Python writes it:
+    control characters (ESC, BEL, CR, newline), format characters (bidi overrides) and lone
+    surrogates. Anything local can post a page, so a page's text must not move the cursor,
+    retitle the terminal, forge a second line, or fail to encode.
+
+    >>> printable("run\\x1b[2J\\nFIRING")
+    'run\\\\x1b[2J\\\\nFIRING'
+    """
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in str(value))
+
+
 def format_page(page: dict[str, Any]) -> str:
     """Render one page as one fixed-format line (time is UTC, from received_at); empty fields show as "-".
 
@@ -48,16 +60,16 @@ def format_page(page: dict[str, Any]) -> str:
     ...              "run_id": "corrupt_shard-3", "step": "300", "summary": "Loss jumped"})[:71]
     '12:00:05  FIRING    TrainingLossJump      run=corrupt_shard-3  step=300'
     """
-    clock = str(page.get("received_at", ""))[11:19] or "--:--:--"
-    summary = " ".join(str(page.get("summary", "")).split())  # one line, whatever the template produced
+    clock = printable(str(page.get("received_at", ""))[11:19]) or "--:--:--"
+    summary = printable(" ".join(str(page.get("summary", "")).split()))  # one line, whatever the template made
     fields = [
         clock,
-        str(page.get("status", "")).upper().ljust(8),
-        str(page.get("alert", "")).ljust(20),
-        f"run={page.get('run_id') or '-'}",
-        f"step={page.get('step') or '-'}",
+        printable(page.get("status", "")).upper().ljust(8),
+        printable(page.get("alert", "")).ljust(20),
+        f"run={printable(page.get('run_id') or '-')}",
+        f"step={printable(page.get('step') or '-')}",
         *([summary] if summary else []),
-        f"runbook: {runbook_path(page)}",
+        f"runbook: {printable(runbook_path(page))}",
     ]
     return "  ".join(fields)
 
@@ -137,11 +149,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as e:  # --help
         return int(e.code or 0)
+    if args.log.is_dir():
+        print(f"{parser.prog}: --log: {args.log} is a directory, not a page log", file=sys.stderr)
+        return 2
     if not args.follow and not args.log.exists():
         print(f"runwatch pager: no page log at {args.log}; start `runwatch pager-serve` or pass --log", file=sys.stderr)
         return 1
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how --follow ends
-        follow(args.log, follow=args.follow)
+    # A terminal that cannot show a character gets its escape, never a UnicodeEncodeError.
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(errors="backslashreplace")
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how --follow ends
+            follow(args.log, follow=args.follow)
+    except OSError as e:
+        print(f"{parser.prog}: --log: cannot read {args.log}: {e.strerror or e}", file=sys.stderr)
+        return 2
     return 0
 
 

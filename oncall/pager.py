@@ -169,6 +169,7 @@ class PageLog:
         self.last_received = pages[-1].get("received_at", "") if pages else ""
         # A torn last line has no newline; the next append must not glue onto it.
         self._needs_newline = bool(data) and not data.endswith(b"\n")
+        self.error: str | None = None  # why the last append failed; None once one succeeds
 
     def store(self, records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
         """Append the records not seen before in one fsynced write; return (stored, duplicates)."""
@@ -181,23 +182,38 @@ class PageLog:
                     keys.add(key)
             if new:
                 data = "".join(json.dumps(r) + "\n" for r in new).encode()
-                if self._needs_newline:
-                    data = b"\n" + data
-                created = not self.path.exists()
-                self._needs_newline = True  # until the write is known to be whole
-                with open(self.path, "ab") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                if created:  # make the new file's directory entry durable too
-                    fd = os.open(self.path.parent, os.O_RDONLY)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                self._needs_newline = False
+                self._append(b"\n" + data if self._needs_newline else data)
                 self.seen |= keys
             return new, len(records) - len(new)
+
+    def _append(self, data: bytes) -> None:
+        """Append data whole and fsynced, or not at all: on a failed write (a full disk) the log
+        is cut back to where it was, so Alertmanager's retry stores each page once."""
+        created = not self.path.exists()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except OSError as err:
+                try:
+                    os.ftruncate(fd, size)
+                except OSError:  # the log may now end in a torn line: start the next on a new one
+                    self._needs_newline = True
+                self.error = f"cannot append to {self.path}: {err.strerror or err}"
+                raise
+        finally:
+            os.close(fd)
+        if created:  # make the new file's directory entry durable too
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        self._needs_newline, self.error = False, None
 
 
 class Watchdog:
@@ -313,7 +329,6 @@ class PagerServer(ThreadingHTTPServer):
         self.log, self.metrics, self.registry = log, metrics, registry
         self.max_body, self.clock = max_body, clock
         self.runbooks: Path | None = None
-        self.ready = threading.Event()
         self.watchdog = Watchdog(WATCHDOG_TIMEOUT_S)
 
     def server_close(self) -> None:
@@ -376,8 +391,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._webhook(watchdog=path == "/watchdog")
         elif path == "/metrics":
             self._reply(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
-        elif path == "/-/ready" and not self.server.ready.is_set():
-            self._reply(503, b"Not ready: loading the page log\n")
+        elif path == "/-/ready" and self.server.log.error is not None:
+            # Not ready while pages cannot be stored: Alertmanager's retries keep them meanwhile.
+            self._reply(503, f"Not ready: {self.server.log.error}\n".encode(errors="backslashreplace"))
         else:
             self._reply(200, b"OK\n")
 
@@ -411,6 +427,8 @@ class _Handler(BaseHTTPRequestHandler):
                 payload = json.loads(body)
             except ValueError as e:
                 raise PayloadError("body", f"is not valid UTF-8 JSON ({e})") from None
+            except RecursionError:
+                raise PayloadError("body", "is nested too deeply to be an Alertmanager payload") from None
             alerts = validate_payload(payload)
         except PayloadError as e:
             return self._reject(400, "malformed", e.field, str(e).split(": ", 1)[1])
@@ -458,5 +476,4 @@ def make_server(
     server.runbooks = runbooks  # GET /runbooks/<Alert>.md serves this folder's runbooks
     server.watchdog.timeout = watchdog_timeout
     threading.Thread(target=server.watch, args=(server.stopped,), name="watchdog", daemon=True).start()
-    server.ready.set()
     return server

@@ -9,6 +9,7 @@ them) imports them; nothing here imports the project.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -49,6 +50,20 @@ def check_writable(path: Path, flag: str) -> None:
         raise UsageError(f"{flag}: cannot write {path}: {err.strerror}") from None
     os.close(fd)
     os.unlink(tmp)
+
+
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object the lab wrote (lab.json, drill.json, a PID file), or a UsageError naming the
+    file when it is unreadable, truncated or of the wrong shape: say what it is and what to do."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise UsageError(f"{path}: cannot read {what}: {err.strerror}") from None
+    except ValueError as err:
+        raise UsageError(f"{path}: {what} is damaged ({err}); delete it to start afresh") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{path}: {what} is damaged (not a JSON object); delete it to start afresh")
+    return value
 
 
 def flag(field: str) -> str:

@@ -18,8 +18,13 @@ scoreboard.jsonl across drills.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import html
 import json
+import re
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,15 +33,16 @@ import requests
 from oncall.pager import read_pages
 from runwatch import lab as lab_mod
 from runwatch import plate
-from runwatch.command import Command, UsageError, add_state_dir, check_writable
+from runwatch.command import Command, UsageError, add_state_dir, check_writable, read_json
 from runwatch.files import write_atomic
 from runwatch.names import url
-from runwatch.promserver import instant
+from runwatch.promserver import PromQLError, instant
 from trainer.config import DRILL_ONSET_RANGE, INCIDENTS
 from trainer.sealed import unseal
 
 PROMETHEUS = url("prometheus")
 ALERTMANAGER = url("alertmanager")
+MAX_SILENCE_MINUTES = 7 * 24 * 60
 
 
 def _now() -> float:
@@ -57,13 +63,35 @@ class Drill:
     def load(self) -> dict:
         if not self.path.exists():
             raise UsageError(f"no drill in {self.lab.state}: start one with `runwatch drill`")
-        return json.loads(self.path.read_text())
+        record = read_json(self.path, "the drill's record")
+        if not isinstance(record.get("run_id"), str) or not isinstance(record.get("acks"), list):
+            raise UsageError(f"{self.path}: damaged (no run_id or acks); start a new drill with `runwatch drill`")
+        return record
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the drill's lock: one ack or diagnosis at a time reads and rewrites drill.json."""
+        if not self.path.exists():
+            raise UsageError(f"no drill in {self.lab.state}: start one with `runwatch drill`")
+        with open(self.lab.state / "drill.lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
 
     def save(self, record: dict) -> None:
         write_atomic(self.path, json.dumps(record, indent=2) + "\n")
 
     def answer(self, record: dict) -> dict:
-        return unseal(self.lab.runs / record["run_id"] / "answer.sealed")
+        try:
+            return unseal(self.lab.sealed_answer(record["run_id"]))
+        except FileNotFoundError:
+            run_id = record["run_id"]
+            raise UsageError(f"drill {run_id} has no sealed answer: was it started by `runwatch drill`?") from None
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+
+    def graded(self, run_id: str) -> bool:
+        """Whether the scoreboard already holds a grade for this run (whatever drill.json says)."""
+        return any(row.get("run_id") == run_id for row in scoreboard(self.lab.state / "scoreboard.jsonl"))
 
 
 # --- runwatch drill ---
@@ -103,14 +131,19 @@ def firing_in_alertmanager(alert: str, run_id: str) -> list[dict]:
 
 
 def ack(args: argparse.Namespace) -> int:
-    if not args.expires > 0:
-        raise UsageError(f"--expires: a silence must last more than 0 minutes, got {args.expires:g}")
+    if not 0 < args.expires <= MAX_SILENCE_MINUTES:
+        raise UsageError(f"--expires: minutes in (0, {MAX_SILENCE_MINUTES}] (a week at most), got {args.expires:g}")
     d = Drill(args.state_dir)
+    with d.locked():  # acks at the same moment: each is kept
+        return _ack(d, args)
+
+
+def _ack(d: Drill, args: argparse.Namespace) -> int:
     record = d.load()
     run_id = record["run_id"]
     try:
         if not firing_in_alertmanager(args.alert, run_id):
-            raise UsageError(f"ack: {args.alert} is not firing for run {run_id} (see `runwatch pager`)")
+            raise UsageError(f"{args.alert} is not firing for run {run_id} (see `runwatch pager`)")
         now = datetime.now(UTC)
         silence = {
             "matchers": [
@@ -125,7 +158,7 @@ def ack(args: argparse.Namespace) -> int:
         resp = requests.post(f"{ALERTMANAGER}/api/v2/silences", json=silence, timeout=5)
         resp.raise_for_status()
     except requests.RequestException as err:
-        raise UsageError(f"ack: Alertmanager at {ALERTMANAGER} did not answer ({type(err).__name__})") from None
+        raise UsageError(f"Alertmanager at {ALERTMANAGER} did not answer ({type(err).__name__})") from None
     silence_id = resp.json()["silenceID"]
     record["acks"].append({"alert": args.alert, "at": _now(), "comment": silence["comment"], "silence": silence_id})
     d.save(record)
@@ -140,23 +173,51 @@ def ack(args: argparse.Namespace) -> int:
 
 
 def onset_time(run_id: str, onset: int, since: float) -> float | None:
-    """When the trainer's onset step was first scraped: read from Prometheus."""
+    """When the trainer's onset step was first scraped: read from Prometheus (None if it cannot say)."""
     window = int(_now() - since) + 60
     step = f'runwatch_train_step{{run_id="{run_id}"}}'
     # timestamp() of the plain selector is the scrape's time; of `step >= onset` it would be the
     # evaluation's, up to a second later
     q = f"min_over_time((timestamp({step}) and {step} >= {onset})[{window}s:1s])"
-    found = instant(PROMETHEUS, q)
+    try:
+        found = instant(PROMETHEUS, q)
+    except (requests.RequestException, PromQLError):
+        return None
     return float(found[0]["value"][1]) if found else None
 
 
-def first_page(lab: lab_mod.Lab, run_id: str) -> dict | None:
-    pages = [p for p in read_pages(lab.page_log) if p["run_id"] == run_id and p["status"] == "firing"]
-    return pages[0] if pages else None
+ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def fired_in_prometheus(page: dict, run_id: str, since: float) -> bool:
+    """Whether Prometheus's own record (ALERTS) has this page's alert firing for the run by the
+    time the page arrived. Any local process can post to the pager; only Prometheus's rules make
+    ALERTS, so a page without it is not counted (not an alert decision: Prometheus made it)."""
+    if not ALERT_NAME.fullmatch(page.get("alert", "")):
+        return False
+    at = _t(page) + 2  # ALERTS is written when the alert fires, before the notification
+    selector = f'ALERTS{{alertname="{page["alert"]}",run_id="{run_id}",alertstate="firing"}}'
+    try:
+        return bool(instant(PROMETHEUS, f"count_over_time({selector}[{int(at - since) + 60}s])", at))
+    except (requests.RequestException, PromQLError):
+        return False
+
+
+def first_page(lab: lab_mod.Lab, run_id: str, since: float) -> dict | None:
+    """The run's first firing page that Prometheus confirms."""
+    for page in read_pages(lab.page_log):
+        if page.get("run_id") == run_id and page.get("status") == "firing" and fired_in_prometheus(page, run_id, since):
+            return page
+    return None
 
 
 def _t(page: dict | None) -> float | None:
-    return None if page is None else datetime.fromisoformat(page["received_at"].replace("Z", "+00:00")).timestamp()
+    if page is None:
+        return None
+    try:
+        return datetime.fromisoformat(str(page.get("received_at", "")).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _delta(a: float | None, b: float | None) -> float | None:
@@ -165,44 +226,50 @@ def _delta(a: float | None, b: float | None) -> float | None:
 
 def diagnose(args: argparse.Namespace) -> int:
     if args.incident not in INCIDENTS:
-        raise UsageError(f"diagnose: unknown incident {args.incident!r}; choose one of {', '.join(INCIDENTS)}")
+        raise UsageError(f"unknown incident {args.incident!r}; choose one of {', '.join(INCIDENTS)}")
     d = Drill(args.state_dir)
-    record = d.load()
-    if record["diagnosis"] is not None:
-        raise UsageError(
-            f"diagnose: drill {record['run_id']} was already diagnosed as {record['diagnosis']['incident']}"
-        )
+    with d.locked():  # two diagnoses at once: the second waits, then finds the first's
+        record = d.load()
+        if record.get("diagnosis") is not None or d.graded(record["run_id"]):
+            said = (record.get("diagnosis") or {}).get("incident", "before (see scoreboard.jsonl)")
+            raise UsageError(f"drill {record['run_id']} was already diagnosed as {said}")
+        grade = grade_drill(d, record, args.incident, args.step)
+        at, onset_at = grade["diagnosed_at"], grade.pop("onset_at")
+        record["diagnosis"] = {"incident": args.incident, "step": args.step, "at": at, "onset_at": onset_at}
+        record["grade"] = grade
+        d.save(record)
+        with open(d.lab.state / "scoreboard.jsonl", "a") as fh:
+            fh.write(json.dumps(grade) + "\n")
+    print(report(grade))
+    print(scoreboard_line(d.lab.state / "scoreboard.jsonl"))
+    return 0
+
+
+def grade_drill(d: Drill, record: dict, diagnosed: str, step: int | None) -> dict:
+    """The grade of a diagnosis against the sealed answer, with the drill's times."""
     truth = d.answer(record)
     now = _now()
-    page = first_page(d.lab, record["run_id"])
+    page = first_page(d.lab, record["run_id"], record["started_at"])
     paged_at = _t(page)
-    onset_at = (
-        onset_time(record["run_id"], truth["onset"], record["started_at"]) if truth["incident"] != "none" else None
-    )
+    healthy = truth["incident"] == "none"
+    onset_at = None if healthy else onset_time(record["run_id"], truth["onset"], record["started_at"])
     acked = min((a["at"] for a in record["acks"]), default=None)
-    grade = {
+    return {
         "run_id": record["run_id"],
         "incident": truth["incident"],
-        "onset": truth["onset"] if truth["incident"] != "none" else None,
-        "diagnosed": args.incident,
-        "correct": args.incident == truth["incident"],
-        "false_incident": truth["incident"] == "none" and args.incident != "none",
-        "step_guess": args.step,
-        "step_error": None if args.step is None or truth["incident"] == "none" else args.step - truth["onset"],
+        "onset": None if healthy else truth["onset"],
+        "diagnosed": diagnosed,
+        "correct": diagnosed == truth["incident"],
+        "false_incident": healthy and diagnosed != "none",
+        "step_guess": step,
+        "step_error": None if step is None or healthy else step - truth["onset"],
         "first_page": page["alert"] if page else None,
         "onset_to_first_page_s": _delta(onset_at, paged_at),
         "first_page_to_ack_s": _delta(paged_at, acked),
         "first_page_to_diagnosis_s": _delta(paged_at, now),
         "diagnosed_at": now,
+        "onset_at": onset_at,
     }
-    record["diagnosis"] = {"incident": args.incident, "step": args.step, "at": now, "onset_at": onset_at}
-    record["grade"] = grade
-    d.save(record)
-    with open(d.lab.state / "scoreboard.jsonl", "a") as fh:
-        fh.write(json.dumps(grade) + "\n")
-    print(report(grade))
-    print(scoreboard_line(d.lab.state / "scoreboard.jsonl"))
-    return 0
 
 
 def report(g: dict) -> str:
@@ -225,10 +292,21 @@ def report(g: dict) -> str:
     return "\n".join(lines)
 
 
+def scoreboard(path: Path) -> list[dict]:
+    """The graded drills, oldest first; a line that is not a grade (torn, hand-edited) is skipped."""
+    rows = []
+    with contextlib.suppress(FileNotFoundError):
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                row = json.loads(line)
+                if isinstance(row, dict) and isinstance(row.get("correct"), bool):
+                    rows.append(row)
+    return rows
+
+
 def scoreboard_line(path: Path) -> str:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    right = sum(r["correct"] for r in rows)
-    return f"scoreboard: {right}/{len(rows)} drills diagnosed correctly"
+    rows = scoreboard(path)
+    return f"scoreboard: {sum(r['correct'] for r in rows)}/{len(rows)} drills diagnosed correctly"
 
 
 # --- runwatch postmortem ---
@@ -240,9 +318,7 @@ def postmortem(args: argparse.Namespace) -> int:
     run_id = record["run_id"]
     grade = record.get("grade")
     if grade is None:
-        raise UsageError(
-            "postmortem: diagnose the drill first (`runwatch diagnose INCIDENT`): the timeline needs the truth"
-        )
+        raise UsageError("diagnose the drill first (`runwatch diagnose INCIDENT`): the timeline needs the truth")
     out = args.out or Path(f"postmortem-{run_id}.md")
     check_writable(out, "--out")
     events = timeline(d, record, grade)
@@ -266,9 +342,11 @@ def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
             (record["diagnosis"]["onset_at"], f"Incident began: {grade['incident']} at step {grade['onset']}")
         )
     for p in read_pages(d.lab.page_log):
-        if p["run_id"] == run_id:
-            what = "Page" if p["status"] == "firing" else "Resolved"
-            events.append((_t(p), f"{what}: {p['alert']} (step {p['step'] or '-'}): {p['summary']}"))
+        if p.get("run_id") == run_id and _t(p) is not None:
+            what = "Page" if p.get("status") == "firing" else "Resolved"
+            if not fired_in_prometheus(p, run_id, record["started_at"]):
+                what = f"Unconfirmed {what.lower()} (Prometheus never fired this alert)"
+            events.append((_t(p), f"{what}: {p.get('alert')} (step {p.get('step') or '-'}): {p.get('summary')}"))
     for a in record["acks"]:
         events.append((a["at"], f"Acknowledged {a['alert']}: {a['comment']}"))
     events.append(
@@ -282,12 +360,33 @@ def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
     return events
 
 
+# Inside a table cell only these act: code, emphasis, links, strikethrough and the cell's end
+# (a heading, list or quote needs the start of a line, which a flattened cell never is).
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+def md_text(text: object) -> str:
+    """Text from a page (any local process can post one) as inert Markdown on one line: HTML
+    escaped, Markdown's inline punctuation backslash-escaped, control characters and newlines as
+    spaces, so a summary cannot leave its table cell, start a heading, or inject a link or a tag.
+
+    >>> md_text("a | b\\n## <b>x</b>")
+    'a \\\\| b ## &lt;b&gt;x&lt;/b&gt;'
+    """
+    flat = "".join(ch if ch.isprintable() else " " for ch in str(text))
+    return MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(flat, quote=False))
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:g} s"
+
+
 def postmortem_markdown(run_id: str, grade: dict, events: list[tuple[float, str]], plate_md: str) -> str:
     """PagerDuty's postmortem sections, filled from the grade and the timeline."""
     impact = (
         "None: the run was healthy." if grade["incident"] == "none"
         else f"{grade['incident']} from step {grade['onset']}; first page "
-        f"{grade['onset_to_first_page_s'] if grade['onset_to_first_page_s'] is not None else '-'} s after the onset."
+        f"{_seconds(grade['onset_to_first_page_s'])} after the onset."
     )  # fmt: skip
     md = [
         f"# Postmortem: drill {run_id}",
@@ -297,9 +396,10 @@ def postmortem_markdown(run_id: str, grade: dict, events: list[tuple[float, str]
         f"**{grade['diagnosed']}** ({'correct' if grade['correct'] else 'wrong'}).",
         "",
         "## What happened",
-        f"First page: {grade['first_page'] or 'none'}. Onset to first page: {grade['onset_to_first_page_s']} s; "
-        f"first page to ack: {grade['first_page_to_ack_s']} s; "
-        f"first page to diagnosis: {grade['first_page_to_diagnosis_s']} s.",
+        f"First page: {md_text(grade['first_page'] or 'none')}. "
+        f"Onset to first page: {_seconds(grade['onset_to_first_page_s'])}; "
+        f"first page to ack: {_seconds(grade['first_page_to_ack_s'])}; "
+        f"first page to diagnosis: {_seconds(grade['first_page_to_diagnosis_s'])}.",
         "",
         plate_md,
         "",
@@ -316,7 +416,7 @@ def postmortem_markdown(run_id: str, grade: dict, events: list[tuple[float, str]
         "## Timeline",
         "| time (UTC) | event |",
         "|---|---|",
-        *[f"| {_iso(t)} | {text} |" for t, text in events],
+        *[f"| {_iso(t)} | {md_text(text)} |" for t, text in events],
         "",
         "## Action items",
         "_Fill in: owner, action, due. Alert changes can be measured first with `runwatch backtest`._",

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -39,8 +41,9 @@ from runwatch.files import write_atomic
 from runwatch.names import CONTROL_PORT, PORTS
 from runwatch.paths import Layout, binary, run_tool
 from runwatch.promserver import port_is_free, wait_ready
-from trainer.config import INCIDENTS
+from trainer.config import INCIDENTS, draw_drill
 from trainer.live import unique_run_id
+from trainer.sealed import seal
 
 # Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
 # where a learner's browser reaches each server, natively and through compose's published ports,
@@ -111,6 +114,27 @@ class Lab:
     def remove_target(self, job_file: str) -> None:
         (self.targets / f"{job_file}.json").unlink(missing_ok=True)
 
+    # --- a drill's answer ---
+
+    def sealed_answer(self, run_id: str) -> Path:
+        return self.runs / run_id / "answer.sealed"
+
+    def seal_drill(self, run_id: str, drill_seed: int | None) -> None:
+        """Draw the drill's incident and onset and seal them in the run's directory.
+
+        With a seed the draw is reproducible in this state directory only: it is keyed by a
+        secret of the lab's (drill.key, owner-only), so the seed on its own names nothing.
+        """
+        if drill_seed is None:
+            rng: random.Random = secrets.SystemRandom()
+        else:
+            key_file = self.state / "drill.key"
+            if not key_file.exists():
+                write_atomic(key_file, secrets.token_hex(16) + "\n", mode=0o600)
+            rng = random.Random(f"{key_file.read_text().strip()}:{drill_seed}")
+        self.sealed_answer(run_id).parent.mkdir(parents=True, exist_ok=True)
+        seal(self.sealed_answer(run_id), {**draw_drill(rng), "run_id": run_id})
+
     # --- processes ---
 
     def components(self, args: argparse.Namespace, run_id: str) -> list[Component]:
@@ -136,8 +160,8 @@ class Lab:
         argv += ["--incident", args.incident, "--precision", args.precision]
         if args.onset is not None:
             argv += ["--onset", str(args.onset)]
-        if args.drill_seed is not None:
-            argv += ["--drill-seed", str(args.drill_seed)]
+        if args.incident == "random":  # the answer is drawn and sealed by `up`, never in argv
+            argv += ["--sealed-answer", str(self.sealed_answer(run_id))]
         return self._serving("trainer", argv, PORTS["trainer"], "/metrics")
 
     def _control(self, args: argparse.Namespace, run_id: str) -> Component:
@@ -270,6 +294,8 @@ def up(args: argparse.Namespace) -> int:
     lab.write_target("prometheus", [f"127.0.0.1:{PORTS['prometheus']}"])
     lab.write_target("alertmanager", [f"127.0.0.1:{PORTS['alertmanager']}"])
     lab.write_target("pager", [f"127.0.0.1:{PORTS['pager']}"])
+    if args.incident == "random":
+        lab.seal_drill(run_id, args.drill_seed)
     write_atomic(lab.state / "lab.json", json.dumps({"run_id": run_id, "root": str(lab.layout.root)}) + "\n")
     try:
         for comp in comps:

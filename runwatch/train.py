@@ -22,11 +22,11 @@ from exporter.server import PortInUseError, start
 from runwatch.command import Command, UsageError, check_writable, flag
 from runwatch.files import write_atomic
 from runwatch.names import PORTS
-from trainer.config import DRILL_ONSET_RANGE, INCIDENTS, ConfigError, TrainConfig
+from trainer.config import INCIDENTS, ConfigError, TrainConfig, draw_drill
 from trainer.live import RunRecord, run_live, unique_run_id
 from trainer.offline import simulate, write_openmetrics
 from trainer.run import Trainer
-from trainer.sealed import seal
+from trainer.sealed import seal, unseal
 
 RANDOM = "random"
 
@@ -46,6 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--hold", type=float, default=None, metavar="SECONDS", help="keep serving after the run")
     p.add_argument("--drill-seed", type=int, default=None, help="make --incident random reproducible")
     p.add_argument(
+        "--sealed-answer", type=Path, default=None, metavar="FILE",
+        help="--incident random with the incident and onset sealed in FILE (as `runwatch drill` writes it), "
+        "so that neither shows in this command line",
+    )  # fmt: skip
+    p.add_argument(
         "--wait-for-prometheus", action="store_true",
         help="hold the first live step until Prometheus has scraped /metrics (a lab whose Prometheus may start late)",
     )  # fmt: skip
@@ -64,11 +69,17 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
     drill = args.incident == RANDOM
     onset = args.onset
     incident = args.incident or "none"
+    if args.sealed_answer is not None and not drill:
+        raise UsageError("--sealed-answer: only with --incident random")
     if drill:
-        rng = random.Random(args.drill_seed) if args.drill_seed is not None else secrets.SystemRandom()
-        incident = rng.choice(INCIDENTS)
+        if args.sealed_answer is not None:
+            answer = read_sealed_answer(args.sealed_answer)
+        else:
+            seeded = args.drill_seed is not None
+            answer = draw_drill(random.Random(args.drill_seed) if seeded else secrets.SystemRandom())
+        incident = answer["incident"]
         if onset is None:
-            onset = rng.randint(*DRILL_ONSET_RANGE)
+            onset = answer["onset"]
     cfg = TrainConfig(
         incident=incident,
         seed=args.seed,
@@ -89,6 +100,18 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
         raise usage_error(err) from None
     public = dataclasses.replace(cfg, incident=HIDDEN, onset=-1) if drill else cfg
     return cfg, public
+
+
+def read_sealed_answer(path: Path) -> dict:
+    try:
+        answer = unseal(path)
+    except OSError as err:
+        raise UsageError(f"--sealed-answer: cannot read {path}: {err.strerror}") from None
+    except ValueError as err:
+        raise UsageError(f"--sealed-answer: {err}") from None
+    if answer.get("incident") not in INCIDENTS or not isinstance(answer.get("onset"), int):
+        raise UsageError(f"--sealed-answer: {path} holds no incident and onset")
+    return answer
 
 
 def usage_error(err: ConfigError) -> UsageError:

@@ -1,15 +1,19 @@
 """On-call drills end to end on a native lab: hidden incident, ack, diagnosis, postmortem.
 
-Drill seeds are chosen for a short wait: seed 36 hides a corrupt_shard from step 247, seed 42
-a healthy run (onsets are drawn in 240-360). Each drill is its own lab on the default ports,
-so the session's lab is stopped first.
+A seeded drill is reproducible in its state directory only (its draw is keyed by drill.key);
+these tests write a known key. Seeds are chosen for a short wait: with it, seed 516 hides a
+corrupt_shard from step 247, seed 42 a healthy run (onsets are drawn in 240-360). Each drill is
+its own lab on the default ports, so the session's lab is stopped first.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import requests
 
@@ -27,8 +31,13 @@ def state(no_lab, tmp_path):
     runwatch("down", "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
 
 
+DRILL_KEY = "runwatch-tests"
+
+
 def drill(tmp_path, state, seed: int, fast_forward: int = 220) -> str:
     """Start a drill; 220 leaves the alerts' baselines 20-30 steps of history before onset 247."""
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "drill.key").write_text(DRILL_KEY + "\n")
     res = runwatch(
         "drill", "--state-dir", str(state), "--seed", str(seed), "--fast-forward", str(fast_forward), cwd=tmp_path
     )
@@ -36,21 +45,47 @@ def drill(tmp_path, state, seed: int, fast_forward: int = 220) -> str:
     return json.loads((state / "drill.json").read_text())["run_id"]
 
 
+FORGED = {
+    "alertname": "ForgedPage",
+    "summary": "| forged | row |\n## Forged heading <script>alert(1)</script> [link](http://x)",
+}
+
+
+def forge_a_page(run_id: str) -> None:
+    """What any local process can do: post a page to the pager, for the drill's run."""
+    alert = {
+        "status": "firing", "fingerprint": "f0f0", "startsAt": "2026-01-01T00:00:00Z",
+        "labels": {"alertname": FORGED["alertname"], "run_id": run_id, "severity": "page"},
+        "annotations": {"summary": FORGED["summary"]},
+    }  # fmt: skip
+    assert requests.post("http://127.0.0.1:9095/webhook", json={"alerts": [alert]}, timeout=5).status_code == 200
+
+
 def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
-    run_id = drill(tmp_path, state, 36)
+    run_id = drill(tmp_path, state, 516)
     metrics = requests.get("http://127.0.0.1:8000/metrics", timeout=5).text
     assert not any(name in metrics for name in INCIDENT_NAMES) and 'incident="hidden"' in metrics
     assert "incident_active" not in metrics and "learning_rate" not in metrics
     assert "247" not in json.dumps(json.loads(next((state / "runs").glob("*/run.json")).read_text()))
+    trainer = json.loads((state / "pids" / "trainer.json").read_text())  # what `ps` shows of it
+    assert "--drill-seed" not in trainer["argv"] and "corrupt_shard" not in trainer["argv"]
+    forge_a_page(run_id)
 
     res = runwatch("drill", "--state-dir", str(state), cwd=tmp_path)
     assert res.returncode == 2 and "already running" in res.stderr
 
     page = wait_for(
-        lambda: [p for p in read_pages(state / "pages.jsonl") if p["status"] == "firing" and p["run_id"] == run_id],
+        lambda: [
+            p for p in read_pages(state / "pages.jsonl")
+            if p["status"] == "firing" and p["run_id"] == run_id and p["alert"] != FORGED["alertname"]
+        ],
         60,
         "the first page",
-    )[0]
+    )[0]  # fmt: skip
+    for checkpoint in (state / "runs" / run_id / "checkpoints").glob("*.npz"):  # 49, 99, ... 199 at least
+        assert checkpoint.stat().st_mode & 0o077 == 0
+        with np.load(checkpoint) as saved:
+            assert not any(name in str(saved[key]) for key in saved.files for name in INCIDENT_NAMES)
     assert not any(name in json.dumps(page) for name in INCIDENT_NAMES)  # the page text hides it too
 
     res = runwatch("ack", "ThroughputDrop", "--state-dir", str(state), cwd=tmp_path)
@@ -65,8 +100,17 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
 
     res = runwatch("diagnose", "meteor", "--state-dir", str(state), cwd=tmp_path)
     assert res.returncode == 2 and "unknown incident" in res.stderr
-    res = runwatch("diagnose", "corrupt_shard", "--step", "250", "--state-dir", str(state), cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
+    # Two diagnoses at the same moment: one is graded, the other refused.
+    both = [
+        subprocess.Popen(
+            [sys.executable, "-m", "runwatch", "diagnose", "corrupt_shard", "--step", "250", "--state-dir", str(state)],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for _ in range(2)
+    ]  # fmt: skip
+    outcomes = sorted((proc.wait(60), *proc.communicate()) for proc in both)
+    assert [code for code, _, _ in outcomes] == [0, 2] and "already diagnosed" in outcomes[1][2]
+    res = subprocess.CompletedProcess([], *outcomes[0])
     assert res.stdout.startswith("CORRECT: you said corrupt_shard; it was corrupt_shard from step 247.")
     assert "+3 steps off" in res.stdout
     grade = json.loads((state / "drill.json").read_text())["grade"]
@@ -76,8 +120,12 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert grade["onset_to_first_page_s"] is not None
     assert 0 <= grade["onset_to_first_page_s"] < 10
     assert 0 < grade["first_page_to_ack_s"] < grade["first_page_to_diagnosis_s"]
+    assert grade["first_page"] == page["alert"]  # not the forged page, which came first
+    record = json.loads((state / "drill.json").read_text())
+    (state / "drill.json").write_text(json.dumps({**record, "diagnosis": None}))  # a hand-edit for a retry
     res = runwatch("diagnose", "corrupt_shard", "--state-dir", str(state), cwd=tmp_path)
     assert res.returncode == 2 and "already diagnosed" in res.stderr
+    (state / "drill.json").write_text(json.dumps(record))
 
     out = tmp_path / "pm.md"
     res = runwatch("postmortem", "--out", str(out), "--state-dir", str(state), cwd=tmp_path)
@@ -92,6 +140,14 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     firsts = [kinds.index(k) for k in order]
     assert firsts == sorted(firsts), rows
     assert [t for t, _ in rows] == sorted(t for t, _ in rows)
+    forged = [event for _, event in rows if "ForgedPage" in event]  # shown, but inert
+    assert (
+        len(forged) == 1
+        and forged[0].startswith("Unconfirmed page")
+        and "<script>" not in text
+        and "\n## Forged" not in text
+        and not re.search(r"(?<!\\)\]\(", forged[0])  # no link: its bracket is escaped
+    )
     assert (tmp_path / "pm-plate.png").stat().st_size > 20_000
 
 
@@ -108,7 +164,8 @@ def test_a_healthy_drill_graded_no_incident_is_correct(tmp_path, state):
 @pytest.mark.parametrize(
     "args, names",
     [(["drill", "--fast-forward", "240"], "--fast-forward"), (["ack", "HeldOutGap", "--expires", "0"], "--expires"),
-     (["ack", "HeldOutGap"], "no drill"), (["diagnose", "meteor"], "unknown incident"),
+     (["ack", "HeldOutGap", "--expires", "1e300"], "--expires"), (["ack", "HeldOutGap"], "no drill"),
+     (["diagnose", "meteor"], "unknown incident"),
      (["diagnose", "none"], "no drill"), (["postmortem"], "no drill")],
 )  # fmt: skip
 def test_drill_commands_refuse_bad_input_in_one_line(tmp_path, args, names):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from dataclasses import dataclass
 
 INCIDENTS = ("none", "lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
@@ -21,6 +22,12 @@ INCIDENTS = ("none", "lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
 
 # A drill's onset is drawn from this range, so "it's always step 300" is no shortcut.
 DRILL_ONSET_RANGE = (240, 360)
+
+
+def draw_drill(rng: random.Random) -> dict:
+    """A drill's hidden incident (or none) and its onset step, drawn from rng."""
+    incident = rng.choice(INCIDENTS)
+    return {"incident": incident, "onset": rng.randint(*DRILL_ONSET_RANGE)}
 
 
 class ConfigError(ValueError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+import json
 import math
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from runwatch.files import write_atomic
 from trainer import model
 from trainer.config import TrainConfig
 from trainer.record import StepRecord
+from trainer.sealed import is_sealed, seal_text, unseal_text
 
 # Independent random streams; their numbers are part of the data's definition.
 _BATCH, _HELDOUT, _JITTER, _SHUFFLE = 0, 1, 2, 3
@@ -183,13 +185,16 @@ class Trainer:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"checkpoint-{self.next_step - 1:06d}.npz"
         buffer = io.BytesIO()
+        # A drill's checkpoint holds its config sealed, as answer.sealed does, and only its
+        # owner may read it: `np.load(f)["config"]` must not name the hidden incident.
+        config = seal_text(json.loads(self.cfg.to_json())) if self.cfg.drill else self.cfg.to_json()
         np.savez(
-            buffer, config=np.array(self.cfg.to_json()), w=self.w, b=self.b, fit_losses=np.array(self.fit_losses),
+            buffer, config=np.array(config), w=self.w, b=self.b, fit_losses=np.array(self.fit_losses),
             fit=np.array(self.fit if self.fit else []),
             scalars=np.array([self.next_step, self.lab_time, self.heldout_loss, self.grad_norm, self.scale,
                               self.clean_steps, self.skipped_steps]),
         )  # fmt: skip
-        write_atomic(path, buffer.getvalue())
+        write_atomic(path, buffer.getvalue(), mode=0o600 if self.cfg.drill else 0o644)
         for old in sorted(folder.glob("checkpoint-*.npz"))[: -self.cfg.checkpoint_keep]:
             old.unlink()
         return path
@@ -198,8 +203,14 @@ class Trainer:
     def from_checkpoint(cls, path: Path) -> Trainer:
         """The trainer as it was when `path` was saved: the same series follow, bit for bit."""
         with np.load(path, allow_pickle=False) as data:
-            trainer = cls(TrainConfig.from_json(str(data["config"]), source=str(path)))
+            config = str(data["config"])
+            if is_sealed(config):
+                config = json.dumps(unseal_text(config, str(path)))
+            trainer = cls(cfg := TrainConfig.from_json(config, source=str(path)))
             trainer.w, trainer.b = data["w"].copy(), data["b"].copy()
+            shapes, fits = (trainer.w.shape, trainer.b.shape), ((cfg.features, cfg.classes), (cfg.classes,))
+            if shapes != fits:
+                raise ValueError(f"{path}: weights of shapes {shapes} do not fit its config's {fits}")
             trainer.fit_losses = [float(v) for v in data["fit_losses"]]
             trainer.fit = tuple(float(v) for v in data["fit"]) if len(data["fit"]) else None
             step, lab, heldout, grad, scale, clean, skipped = data["scalars"].tolist()

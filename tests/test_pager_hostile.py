@@ -1,0 +1,113 @@
+"""The pager against what any local process can post: hostile text, hostile JSON, a full disk.
+
+Each case was found by attacking the lab (issue 11); the page log must print safely and
+completely afterwards, and a failed write must leave nothing that a retry would store twice.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import psutil
+import pytest
+import requests
+
+from oncall.pager import read_pages
+from runwatch.promserver import free_port, wait_ready
+from tests.test_pager import Pager, alert, payload
+
+HOSTILE = {
+    "lone surrogate": "\ud800",
+    "ANSI colour and clear screen": "\x1b[31m\x1b[2J",
+    "OSC window title": "\x1b]0;owned\x07",
+    "carriage return": "ok\roverwritten",
+    "newline forging a page": "x\n12:00:06  FIRING    TrainerDown  run=fake",
+    "bidi override": "\u202eevil",
+}
+
+
+def hostile_alert(i: int, text: str) -> dict:
+    a = alert(fingerprint=f"hostile{i}")
+    a["labels"] = {**a["labels"], "run_id": text, "alertname": f"Hostile{i}{text}"}
+    a["annotations"] = {**a["annotations"], "summary": text, "step": text}
+    return a
+
+
+@pytest.fixture
+def pager(tmp_path):
+    server = Pager(tmp_path / "pages.jsonl")
+    yield server
+    server.close()
+
+
+def test_a_log_of_hostile_pages_prints_safely_and_completely(pager):
+    for i, text in enumerate(HOSTILE.values()):
+        assert pager.post(payload(hostile_alert(i, text)))[0] == 200
+    assert pager.post(payload(alert(fingerprint="after")))[0] == 200  # a page after them must show
+
+    # A child with a strict UTF-8 stdout, as a terminal is: a lone surrogate used to end it there.
+    res = subprocess.run(
+        [sys.executable, "-m", "runwatch", "pager", "--log", str(pager.log_path)],
+        capture_output=True, timeout=60, env={"PYTHONIOENCODING": "utf-8:strict", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr.decode(errors="replace")
+    lines = res.stdout.decode().split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == len(HOSTILE) + 1  # one line per page, no forged line
+    for byte in (b"\x1b", b"\x07", b"\r", "\u202e".encode()):
+        assert byte not in res.stdout
+    assert "run=\\ud800" in lines[0] and "run=x\\n12:00:06" in lines[4]
+    assert lines[-2].startswith("12:00:05  FIRING    TrainingLossJump")
+
+
+def test_deeply_nested_json_is_a_400_not_a_dropped_connection(pager):
+    status, body = pager.request("POST", "/webhook", b"[" * 200_000)
+    assert status == 400
+    assert json.loads(body)["field"] == "body" and "nested too deeply" in json.loads(body)["error"]
+    assert pager.post(payload())[0] == 200  # and the pager still serves
+
+
+def test_follow_of_a_directory_is_one_line_naming_the_flag(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "runwatch", "pager", "--follow", "--log", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--log" in res.stderr
+
+
+@pytest.fixture
+def pager_process(tmp_path):
+    port = free_port()
+    log = tmp_path / "pages.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "pager-serve", "--port", str(port), "--log", str(log)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert wait_ready(f"http://127.0.0.1:{port}/-/ready", 20, proc)
+    yield psutil.Process(proc.pid), f"http://127.0.0.1:{port}", log
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_a_full_disk_stores_nothing_then_the_retry_stores_each_page_once(pager_process):
+    """The disk fills between the first page and a post of four: nothing of the four is kept,
+    /-/ready says why, and Alertmanager's retry after space is freed stores each page once."""
+    proc, url, log = pager_process
+    assert requests.post(f"{url}/webhook", json=payload(alert(fingerprint="first")), timeout=10).status_code == 200
+    size = log.stat().st_size
+    # RLIMIT_FSIZE, set from outside (prlimit): writes past it fail with EFBIG, as on a full disk.
+    proc.rlimit(psutil.RLIMIT_FSIZE, (size + 300, psutil.RLIM_INFINITY))
+    four = payload(*(alert(fingerprint=f"four{i}") for i in range(4)))
+    resp = requests.post(f"{url}/webhook", json=four, timeout=10)
+    assert resp.status_code == 500 and resp.json()["field"] == "page log"
+    assert log.stat().st_size == size  # nothing half-written
+    ready = requests.get(f"{url}/-/ready", timeout=10)
+    assert ready.status_code == 503 and "cannot append" in ready.text
+
+    proc.rlimit(psutil.RLIMIT_FSIZE, (psutil.RLIM_INFINITY, psutil.RLIM_INFINITY))
+    resp = requests.post(f"{url}/webhook", json=four, timeout=10)
+    assert resp.json() == {"stored": 4, "duplicates": 0}
+    assert [p["fingerprint"] for p in read_pages(log)] == ["first", "four0", "four1", "four2", "four3"]
+    assert requests.get(f"{url}/-/ready", timeout=10).status_code == 200
+    assert proc.is_running()  # the pager kept serving throughout
