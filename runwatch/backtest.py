@@ -39,12 +39,12 @@ import yaml
 
 from exporter.metrics import STEP
 from runwatch import signatures as plate
-from runwatch.command import Command, UsageError, check_writable
+from runwatch.command import Command, UsageError, check_writable, number
 from runwatch.files import write_atomic
 from runwatch.names import META_GROUP
 from runwatch.paths import Layout, binary, run_tool
 from runwatch.promserver import Process, free_port, query_range
-from trainer.config import TrainConfig
+from trainer.config import MAX_SEED, TrainConfig
 from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, write_openmetrics
 from trainer.run import Trainer
 
@@ -54,6 +54,11 @@ RETENTION = "100y"  # the runs are stamped in 2026-01; a short retention would d
 
 
 # --- input ---
+
+
+# 1,000 seeds (5,000 runs) is ten times README's 100-seed backtest: more than any exercise needs.
+# A typo such as 0-99999999999 is refused before building the range (that took 3.8 GB in 7 s).
+MAX_SEEDS = 1000
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -66,6 +71,10 @@ def parse_seeds(text: str) -> list[int]:
         lo, hi = int(m[1]), int(m[2] or m[1])
         if hi < lo:
             raise UsageError(f"--seeds: range {lo}-{hi} runs backwards")
+        if hi > MAX_SEED:
+            raise UsageError(f"--seeds: seeds go up to {MAX_SEED}, got {hi}")
+        if hi - lo + 1 + len(seeds) > MAX_SEEDS:  # counted before the range is built
+            raise UsageError(f"--seeds: at most {MAX_SEEDS} seeds in one backtest, got {text!r}")
         seeds.update(range(lo, hi + 1))
     return sorted(seeds)
 
@@ -485,7 +494,9 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument(
         "--incidents", default=",".join(plate.INCIDENTS), help="comma-separated incidents (default: all five)"
     )
-    p.add_argument("--workers", type=int, default=None, help="training processes (default: one per core)")
+    p.add_argument(
+        "--workers", type=number(int, 1, 64), default=None, help="training processes (default: one per core)"
+    )
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="train the runs in this precision")
     return run
 
@@ -501,8 +512,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--rules: {rules_dir} is not a directory")
     if args.json is not None:
         check_writable(args.json, "--json")
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers: must be at least 1, got {args.workers}")
     # SIGTERM as well as Ctrl-C unwinds through the finally blocks that stop Prometheus.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     t0 = time.perf_counter()

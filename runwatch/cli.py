@@ -59,6 +59,11 @@ def build_parser() -> tuple[Parser, dict[str, Command]]:
     return parser, handlers
 
 
+def one_line(message: object) -> str:
+    """A message that may hold a log's tail, on one line."""
+    return " | ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
@@ -75,6 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a file or a server the command needed (requests' errors are OSErrors too)
+        where = f"{err.filename}: " if getattr(err, "filename", None) else ""
+        print(f"{prog}: {where}{one_line(err.strerror or err)}", file=sys.stderr)
+        return 1
+    except RuntimeError as err:  # a tool or server that failed: promserver's ProcessError, PromQLError
+        print(f"{prog}: {one_line(err)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

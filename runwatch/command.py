@@ -52,6 +52,31 @@ def check_writable(path: Path, flag: str) -> None:
     os.unlink(tmp)
 
 
+def number(kind: type[int] | type[float], low: float, high: float, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse `type=` that accepts only kind in [low, high] (or (low, high]): every numeric
+    flag has a range a learner could mean, and its error says what the range is.
+
+        >>> p.add_argument("--steps", type=number(int, 1, MAX_STEPS))   # --steps: must be in [1, 10000], got 0
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            kind_name = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"must be {kind_name}, got {text!r}") from None
+        if not ((low < value) if low_open else (low <= value)) or not value <= high:  # NaN fails both
+            bounds = f"{'(' if low_open else '['}{_plain(low)}, {_plain(high)}]"
+            raise argparse.ArgumentTypeError(f"must be in {bounds}, got {text}")
+        return value
+
+    return parse
+
+
+def _plain(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def read_json(path: Path, what: str) -> dict:
     """A JSON object the lab wrote (lab.json, drill.json, a PID file), or a UsageError naming the
     file when it is unreadable, truncated or of the wrong shape: say what it is and what to do."""

@@ -21,6 +21,9 @@ PID, after checking each PID still runs the command it was started with.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import fcntl
 import json
 import random
 import re
@@ -29,19 +32,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import requests
 
-from runwatch.command import DEFAULT_STATE, Command, UsageError, add_state_dir
+from runwatch.check import checks, run_check
+from runwatch.command import DEFAULT_STATE, Command, UsageError, add_state_dir, flag, number, read_json
 from runwatch.files import write_atomic
 from runwatch.names import CONTROL_PORT, PORTS
-from runwatch.paths import Layout, binary, run_tool
+from runwatch.names import url as url_of
+from runwatch.paths import Layout, binary
 from runwatch.promserver import port_is_free, wait_ready
-from trainer.config import INCIDENTS, draw_drill
+from trainer.config import INCIDENTS, MAX_SEED, MAX_STEPS, ConfigError, TrainConfig, draw_drill
 from trainer.live import unique_run_id
 from trainer.sealed import seal
 
@@ -190,30 +195,43 @@ class Lab:
     def start(self, comp: Component) -> int:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.pids.mkdir(parents=True, exist_ok=True)
-        with open(self.logs / f"{comp.name}.log", "ab") as log:
+        with open(self.logs / f"{comp.name}.log", "ab") as log, _Interrupts.held_back():
             # A session of its own: Ctrl-C in the terminal reaches `up`, which stops them in order.
             proc = subprocess.Popen(
                 comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
-        # The start time with the PID: a PID that the kernel reuses for another process is not ours.
-        started = psutil.Process(proc.pid).create_time()
-        record = {
-            "pid": proc.pid,
-            "create_time": started,
-            "argv": comp.argv,
-            "ready_url": comp.ready_url,
-            "url": comp.url,
-        }
-        write_atomic(self.pids / f"{comp.name}.json", json.dumps(record) + "\n")
+            # The start time with the PID: a PID the kernel reuses for another process is not ours.
+            started = psutil.Process(proc.pid).create_time()
+            record = {
+                "pid": proc.pid,
+                "create_time": started,
+                "argv": comp.argv,
+                "ready_url": comp.ready_url,
+                "url": comp.url,
+            }
+            write_atomic(self.pids / f"{comp.name}.json", json.dumps(record) + "\n")
         if not wait_ready(comp.ready_url, 60, proc):
-            tail = (self.logs / f"{comp.name}.log").read_text(errors="replace").strip().splitlines()[-3:]
-            raise UsageError(f"{comp.name} did not start: {' | '.join(tail)} (log: {self.logs / comp.name}.log)")
+            raise UsageError(f"{comp.name} did not start: {self.log_tail(comp.name)}")
         return proc.pid
 
+    def log_tail(self, name: str) -> str:
+        """The last lines of a component's log, on one line, and where the rest is."""
+        log = self.logs / f"{name}.log"
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+        return f"{' | '.join(tail)} (log: {log})"
+
     def records(self) -> dict[str, dict]:
+        """Each component's PID file; one that is damaged (truncated, hand-edited) reads as
+        {"damaged": why}, which names no process: nothing is stopped on its word."""
         if not self.pids.is_dir():
             return {}
-        return {p.stem: json.loads(p.read_text()) for p in sorted(self.pids.glob("*.json"))}
+        records = {}
+        for path in sorted(self.pids.glob("*.json")):
+            try:
+                records[path.stem] = read_json(path, "a PID file")
+            except UsageError as err:
+                records[path.stem] = {"damaged": str(err)}
+        return records
 
     @staticmethod
     def process(record: dict) -> psutil.Process | None:
@@ -223,8 +241,24 @@ class Lab:
             proc = psutil.Process(record["pid"])
             ours = proc.cmdline() == record["argv"] and proc.create_time() == record.get("create_time")
             return proc if ours and proc.status() != psutil.STATUS_ZOMBIE else None
-        except psutil.Error:
+        except (psutil.Error, KeyError, TypeError, ValueError):  # a damaged record is no process of ours
             return None
+
+    @contextlib.contextmanager
+    def locked(self, wait: bool) -> Iterator[None]:
+        """Hold the state directory's lock while starting or stopping: two `up`s at once would
+        each clean up the other's components. `up` does not wait for it; `down` does."""
+        try:
+            self.state.mkdir(parents=True, exist_ok=True)
+            fh = open(self.state / "lab.lock", "a")  # noqa: SIM115 (held for the block)
+        except OSError as err:
+            raise UsageError(f"--state-dir: cannot use {self.state}: {err.strerror}") from None
+        with fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                raise UsageError(f"another `runwatch up` or `down` is working in {self.state}: wait for it") from None
+            yield
 
     @classmethod
     def alive(cls, record: dict) -> bool:
@@ -233,7 +267,9 @@ class Lab:
     def stop(self, name: str, timeout: float = 15) -> bool:
         """SIGTERM the component if it is still ours, SIGKILL after timeout; forget its PID file."""
         path = self.pids / f"{name}.json"
-        record = json.loads(path.read_text())
+        record = self.records().get(name, {})
+        if "damaged" in record:
+            print(f"runwatch: {record['damaged']}; if {name} still runs, stop it by hand", file=sys.stderr)
         proc = self.process(record)
         if proc is not None:
             proc.terminate()
@@ -259,22 +295,75 @@ class Lab:
         return [n for n in names if self.stop(n)]
 
 
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
+class _Interrupts:
+    """Ctrl-C and SIGTERM as KeyboardInterrupt, held back while a component is started and its
+    PID file written: an interrupt in between would leave a process that no PID file names."""
+
+    held = False
+    pending = False
+
+    @classmethod
+    def handle(cls, *_: object) -> None:
+        if cls.held:
+            cls.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    @classmethod
+    @contextlib.contextmanager
+    def held_back(cls) -> Iterator[None]:
+        cls.held = True
+        try:
+            yield
+        finally:
+            cls.held = False
+            if cls.pending:
+                cls.pending = False
+                raise KeyboardInterrupt
 
 
 def _port_owner_error(name: str, port: int) -> UsageError:
     return UsageError(f"port {port} is already in use ({name}): stop what holds it, or `runwatch down` a lab")
 
 
-def up(args: argparse.Namespace) -> int:
+def check_run(args: argparse.Namespace) -> None:
+    """Refuse, before anything starts, a run the trainer would refuse once started."""
     if args.incident not in (*INCIDENTS, "random"):
         raise UsageError(
             f"--incident: unknown incident {args.incident!r}; choose one of {', '.join(INCIDENTS)}, random"
         )
-    if args.fast_forward < 0:
-        raise UsageError(f"--fast-forward: must be 0 or more, got {args.fast_forward}")
+    incident = "none" if args.incident == "random" else args.incident
+    cfg = TrainConfig(incident=incident, seed=args.seed, precision=args.precision)
+    try:
+        dataclasses.replace(cfg, onset=cfg.onset if args.onset is None else args.onset).validate()
+    except ConfigError as err:
+        raise UsageError(f"{flag(err.field)}: {err.problem}") from None
+
+
+def up(args: argparse.Namespace) -> int:
+    check_run(args)
     lab = Lab(args.state_dir, args.root)
+    # `kill` stops the lab as Ctrl-C does, never orphaning it: while starting (start_lab stops
+    # what had started) and in the foreground.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _Interrupts.handle)
+    with lab.locked(wait=False):
+        run_id = start_lab(lab, args)
+    print(f"run {run_id}: pages with `runwatch pager --follow --log {lab.page_log}`; stop with `runwatch down`")
+    if args.detach:
+        return 0
+    try:
+        while watch(lab):  # foreground: report a component that dies; end when `down` has stopped the lab
+            time.sleep(1)
+        print("runwatch up: the lab was stopped by `runwatch down`", flush=True)
+    except KeyboardInterrupt:
+        with lab.locked(wait=True):
+            print("stopping:", ", ".join(lab.stop_all()) or "nothing was running", flush=True)
+    return 0
+
+
+def start_lab(lab: Lab, args: argparse.Namespace) -> str:
+    """Start every component in order, under the lab's lock; on any failure stop what started."""
     running = [n for n, r in lab.records().items() if lab.alive(r)]
     if running:
         raise UsageError(f"a lab is already running in {lab.state} ({', '.join(running)}): `runwatch down` first")
@@ -284,16 +373,14 @@ def up(args: argparse.Namespace) -> int:
         port = int(comp.ready_url.rsplit(":", 1)[1].split("/")[0])
         if not port_is_free(port):
             raise _port_owner_error(comp.name, port)
-    lab.state.mkdir(parents=True, exist_ok=True)
     for stale in lab.records():
         (lab.pids / f"{stale}.json").unlink()
     lab.link_config()
     lab.write_target(
         "trainer", [f"127.0.0.1:{PORTS['trainer']}"] + ([f"127.0.0.1:{CONTROL_PORT}"] if args.control else [])
     )
-    lab.write_target("prometheus", [f"127.0.0.1:{PORTS['prometheus']}"])
-    lab.write_target("alertmanager", [f"127.0.0.1:{PORTS['alertmanager']}"])
-    lab.write_target("pager", [f"127.0.0.1:{PORTS['pager']}"])
+    for name in ("prometheus", "alertmanager", "pager"):
+        lab.write_target(name, [f"127.0.0.1:{PORTS[name]}"])
     if args.incident == "random":
         lab.seal_drill(run_id, args.drill_seed)
     write_atomic(lab.state / "lab.json", json.dumps({"run_id": run_id, "root": str(lab.layout.root)}) + "\n")
@@ -301,24 +388,27 @@ def up(args: argparse.Namespace) -> int:
         for comp in comps:
             lab.start(comp)
             print(f"  {comp.name:13s} {comp.url}", flush=True)
+        for comp in comps:  # one that answered and then died (a trainer that failed on its first step)
+            if not lab.alive(lab.records().get(comp.name, {})):
+                raise UsageError(f"{comp.name} exited during start: {lab.log_tail(comp.name)}")
     except BaseException:
         lab.stop_all()
         raise
-    print(f"run {run_id}: pages with `runwatch pager --follow --log {lab.page_log}`; stop with `runwatch down`")
-    if args.detach:
-        return 0
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the lab as Ctrl-C does, never orphaning it
+    return run_id
+
+
+def watch(lab: Lab) -> bool:
+    """Report each component that has died, once; False once the lab's PID files are gone."""
     try:
-        while True:  # foreground: report a component that dies, stop everything on Ctrl-C
-            time.sleep(1)
-            for name, rec in lab.records().items():
-                if not lab.alive(rec) and not rec.get("reported"):
+        with lab.locked(wait=False):  # not while `down` is stopping and removing them
+            records = lab.records()
+            for name, rec in records.items():
+                if not lab.alive(rec) and not rec.get("reported") and "damaged" not in rec:
                     print(f"runwatch up: {name} exited; see {lab.logs / name}.log", file=sys.stderr, flush=True)
-                    rec["reported"] = True
-                    write_atomic(lab.pids / f"{name}.json", json.dumps(rec) + "\n")
-    except KeyboardInterrupt:
-        print("stopping:", ", ".join(lab.stop_all()) or "nothing was running", flush=True)
-    return 0
+                    write_atomic(lab.pids / f"{name}.json", json.dumps({**rec, "reported": True}) + "\n")
+    except UsageError:  # `down` holds the lock: look again in a second
+        return True
+    return bool(records)
 
 
 def down(args: argparse.Namespace) -> int:
@@ -326,7 +416,8 @@ def down(args: argparse.Namespace) -> int:
     if not lab.records():
         print(f"no lab running in {lab.state}")
         return 0
-    print("stopped:", ", ".join(lab.stop_all()) or "nothing (all had exited)")
+    with lab.locked(wait=True):
+        print("stopped:", ", ".join(lab.stop_all()) or "nothing (all had exited)")
     return 0
 
 
@@ -338,6 +429,10 @@ def status(args: argparse.Namespace) -> int:
         return 3
     bad = 0
     for name, rec in records.items():
+        if "damaged" in rec:
+            print(f"  {name:13s} DAMAGED    {rec['damaged']}")
+            bad += 1
+            continue
         if not lab.alive(rec):
             state = "EXITED"
         else:
@@ -352,24 +447,19 @@ def status(args: argparse.Namespace) -> int:
 
 
 def reload(args: argparse.Namespace) -> int:
-    """Check the YAML as promtool and amtool would, then ask Prometheus and Alertmanager to reload."""
+    """Run every check `runwatch check` runs, then ask Prometheus and Alertmanager to reload, then
+    say which rules fail when Prometheus evaluates them (promtool cannot see those)."""
     lab = Lab(args.state_dir)
     meta = lab.state / "lab.json"
-    layout = Layout(Path(json.loads(meta.read_text())["root"])) if meta.exists() else Layout()
-    lab.layout = layout
-    lab.render_alertmanager_config()
-    checks = [
-        [binary("promtool"), "check", "config", str(lab.prometheus_dir / "prometheus.yml")],
-        [binary("amtool"), "check-config", str(lab.alertmanager_yml)],
-    ]
-    for argv in checks:
-        proc = run_tool(argv)
-        if proc.returncode != 0:
-            print(
-                f"runwatch reload: refused, {Path(argv[0]).name} found an error; the running lab keeps its old config:"
-            )
-            print((proc.stdout + proc.stderr).strip())
+    lab.layout = Layout(Path(str(read_json(meta, "the lab's record").get("root")))) if meta.exists() else Layout()
+    for check in checks(lab.layout):
+        ok, output = run_check(check, lab.layout.root)
+        if not ok:
+            names = " ".join(str(f) for f in check.files)
+            print(f"runwatch reload: refused, {check.name} failed; the running lab keeps its old config:\n  {names}")
+            print("\n".join("      " + line for line in output.splitlines()))
             return 1
+    lab.render_alertmanager_config()
     for name in ("prometheus", "alertmanager"):
         url = f"http://127.0.0.1:{PORTS[name]}/-/reload"
         try:
@@ -381,19 +471,38 @@ def reload(args: argparse.Namespace) -> int:
             print(f"runwatch reload: {name} refused the reload: {resp.text.strip()}")
             return 1
         print(f"reloaded {name}")
-    return 0
+    failing = evaluation_errors(url_of("prometheus"))
+    for line in failing:
+        print(f"runwatch reload: applied, but fails when evaluated: {line}")
+    return 1 if failing else 0
+
+
+def evaluation_errors(prometheus: str) -> list[str]:
+    """Each rule whose last evaluation failed, once every group has been evaluated since now
+    (two of its intervals, read from Prometheus), as `Rule (group G): Prometheus's error`."""
+
+    def groups() -> list[dict]:
+        return requests.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
+
+    time.sleep(2 * max((g.get("interval", 1) for g in groups()), default=1) + 0.5)
+    return [
+        f"{rule['name']} (group {group['name']}): {rule.get('lastError', '')}"
+        for group in groups()
+        for rule in group["rules"]
+        if rule.get("health") == "err"
+    ]
 
 
 def add_up(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
     p.add_argument("--incident", default="none", help="incident for the trainer, or random for a drill")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--onset", type=int, default=None)
-    p.add_argument("--fast-forward", type=int, default=0, metavar="STEP")
+    p.add_argument("--seed", type=number(int, 0, MAX_SEED), default=0)
+    p.add_argument("--onset", type=number(int, 0, MAX_STEPS), default=None)
+    p.add_argument("--fast-forward", type=number(int, 0, MAX_STEPS), default=0, metavar="STEP")
     p.add_argument("--control", action="store_true", help=f"also run a healthy control trainer on :{CONTROL_PORT}")
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision (Lesson 20)")
     p.add_argument("--detach", action="store_true", help="return once everything is ready")
-    p.add_argument("--drill-seed", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--drill-seed", type=number(int, 0, MAX_SEED), default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--root",
         type=Path,

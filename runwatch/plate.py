@@ -21,7 +21,7 @@ from pathlib import Path
 import requests
 
 from runwatch import dashboard_queries as dq
-from runwatch.command import Command, UsageError, check_writable
+from runwatch.command import Command, UsageError, check_writable, number
 from runwatch.files import write_atomic
 from runwatch.names import url
 from runwatch.paths import Layout
@@ -140,7 +140,10 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--run", default=None, help="run_id to draw (default: the lab's run, else the newest)")
     p.add_argument("--state-dir", type=Path, default=Path(".runwatch"), help="the lab whose run is the default")
     p.add_argument("--prometheus", default=url("prometheus"), help="Prometheus to query")
-    p.add_argument("--since", type=float, default=20, metavar="MINUTES", help="how far back to look (default 20)")
+    p.add_argument(
+        "--since", type=number(float, 0, 30 * 24 * 60, low_open=True), default=20, metavar="MINUTES",
+        help="how far back to look (default 20; at most Prometheus's 30 days)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="PNG file to write")
     return run
 

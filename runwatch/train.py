@@ -15,36 +15,45 @@ import secrets
 import signal
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 from exporter.metrics import HIDDEN, TrainerMetrics
 from exporter.server import PortInUseError, start
-from runwatch.command import Command, UsageError, check_writable, flag
+from runwatch.command import Command, UsageError, check_writable, flag, number
 from runwatch.files import write_atomic
 from runwatch.names import PORTS
-from trainer.config import INCIDENTS, ConfigError, TrainConfig, draw_drill
+from trainer.config import INCIDENTS, MAX_LR, MAX_SEED, MAX_STEPS, ConfigError, TrainConfig, draw_drill
 from trainer.live import RunRecord, run_live, unique_run_id
 from trainer.offline import simulate, write_openmetrics
 from trainer.run import Trainer
 from trainer.sealed import seal, unseal
 
 RANDOM = "random"
+SEED = number(int, 0, MAX_SEED)
+STEP = number(int, 0, MAX_STEPS)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> Command:
     d = TrainConfig()
     p.add_argument("--incident", default=None, help=f"one of {', '.join(INCIDENTS)}, or {RANDOM} for a drill")
-    p.add_argument("--seed", type=int, default=d.seed, help="seeds batches, held-out set and jitter")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--onset", type=int, default=None, help=f"first incident step (default {d.onset})")
-    p.add_argument("--lr", type=float, default=None, help=f"SGD learning rate (default {d.lr})")
+    p.add_argument("--seed", type=SEED, default=d.seed, help="seeds batches, held-out set and jitter")
+    p.add_argument("--steps", type=number(int, 1, MAX_STEPS), default=d.steps)
+    p.add_argument("--onset", type=STEP, default=None, help=f"first incident step (default {d.onset})")
+    p.add_argument(
+        "--lr", type=number(float, 0, MAX_LR, low_open=True), default=None, help=f"SGD learning rate (default {d.lr})"
+    )
     p.add_argument("--run-id", default="", help="label on every series (default INCIDENT-SEED, -HHMMSS when live)")
-    p.add_argument("--port", type=int, default=PORTS["trainer"], help="/metrics port on 127.0.0.1 (live)")
+    p.add_argument(
+        "--port", type=number(int, 0, 65535), default=PORTS["trainer"], help="/metrics port on 127.0.0.1 (live)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to serve /metrics on (live)")
-    p.add_argument("--fast-forward", type=int, default=0, metavar="STEP", help="train steps 0..STEP-1 unpaced first")
+    p.add_argument("--fast-forward", type=STEP, default=0, metavar="STEP", help="train steps 0..STEP-1 unpaced first")
     p.add_argument("--run-dir", type=Path, default=None, help="where run.json goes (default runs/RUN_ID)")
-    p.add_argument("--hold", type=float, default=None, metavar="SECONDS", help="keep serving after the run")
-    p.add_argument("--drill-seed", type=int, default=None, help="make --incident random reproducible")
+    p.add_argument(
+        "--hold", type=number(float, 0, 86400), default=None, metavar="SECONDS", help="keep serving after the run"
+    )
+    p.add_argument("--drill-seed", type=SEED, default=None, help="make --incident random reproducible")
     p.add_argument(
         "--sealed-answer", type=Path, default=None, metavar="FILE",
         help="--incident random with the incident and onset sealed in FILE (as `runwatch drill` writes it), "
@@ -90,8 +99,6 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
         drill=drill,
         precision=args.precision,
     )
-    if args.fast_forward < 0:
-        raise UsageError(f"--fast-forward: must be 0 or more, got {args.fast_forward}")
     try:
         cfg.validate()
     except ConfigError as err:
@@ -137,7 +144,7 @@ def resume(args: argparse.Namespace) -> Trainer:
         trainer = Trainer.from_checkpoint(args.resume)
     except FileNotFoundError:
         raise UsageError(f"--resume: no checkpoint at {args.resume}") from None
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:  # empty, truncated, foreign
         raise UsageError(f"--resume: {args.resume} is not a runwatch checkpoint ({err})") from None
     changes = {k: v for k, v in (("lr", args.lr), ("incident", args.incident)) if v is not None}
     if changes.get("incident") == RANDOM:

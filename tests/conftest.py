@@ -1,6 +1,7 @@
 """Shared helpers: real binaries and free loopback ports."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,10 +23,12 @@ def need(binary: str) -> str:
     return path
 
 
-def runwatch(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+def runwatch(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`runwatch ARGS` in a child, with env added to this process's environment."""
     return subprocess.run(
-        [sys.executable, "-m", "runwatch", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+        [sys.executable, "-m", "runwatch", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+    )  # fmt: skip
 
 
 def edit(path: Path, old: str, new: str, count: int = -1) -> None:

@@ -1,4 +1,5 @@
-"""Stopping a lab: a foreground `runwatch up` stops everything it started on SIGTERM, as on Ctrl-C.
+"""Stopping a lab: a foreground `runwatch up` stops everything it started on SIGTERM, as on Ctrl-C,
+and returns when `runwatch down` in another shell has stopped its lab.
 
 Its own lab on the default ports (`no_lab`); this file sorts right after the drills, which
 free those ports too, so the session's lab is not restarted for it.
@@ -10,29 +11,53 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import requests
 
 from runwatch.lab import Lab
-from tests.conftest import wait_for
+from runwatch.names import PORTS
+from runwatch.promserver import port_is_free
+from tests.conftest import runwatch
 
 
-def test_foreground_up_stops_every_component_on_sigterm(no_lab, tmp_path):
-    """`kill` of a foreground `runwatch up` stops what it started, as Ctrl-C does: no orphans."""
-    state = tmp_path / "state"
+def foreground_up(state) -> tuple[subprocess.Popen, str]:
+    """A foreground `runwatch up` that has started its lab, and what it printed while starting."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "runwatch", "up", "--state-dir", str(state)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=state.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    printed = ""
+    while not printed.endswith("stop with `runwatch down`\n"):  # its last line before the foreground loop
+        line = proc.stdout.readline()  # a dead `up` ends the output: no endless wait
+        assert line, printed
+        printed += line
+    records = Lab(state).records()
+    assert len(records) == 4 and all(requests.get(r["ready_url"], timeout=5).ok for r in records.values())
+    return proc, printed
 
-    def ready() -> bool:
-        records = Lab(state).records()
-        try:
-            return len(records) == 4 and all(requests.get(r["ready_url"], timeout=1).ok for r in records.values())
-        except requests.RequestException:
-            return False
 
+@pytest.fixture
+def state(no_lab, tmp_path):
+    yield tmp_path / "state"
+    runwatch("down", "--state-dir", str(tmp_path / "state"), cwd=tmp_path)  # whatever a failure left
+
+
+def test_foreground_up_returns_after_down_from_another_shell(state, tmp_path):
+    proc, _ = foreground_up(state)
     try:
-        wait_for(ready, 60, "the lab to be ready")
+        res = runwatch("down", "--state-dir", str(state), cwd=tmp_path)
+        assert res.returncode == 0 and "stopped: trainer, prometheus, alertmanager, pager" in res.stdout
+        out, _ = proc.communicate(timeout=30)  # it looks once a second
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "the lab was stopped by `runwatch down`" in out, out
+    assert "exited" not in out  # what down stopped is not reported as dying
+
+
+def test_foreground_up_stops_every_component_on_sigterm(state):
+    """`kill` of a foreground `runwatch up` stops what it started, as Ctrl-C does: no orphans."""
+    proc, _ = foreground_up(state)
+    try:
         records = Lab(state).records()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
@@ -41,3 +66,23 @@ def test_foreground_up_stops_every_component_on_sigterm(no_lab, tmp_path):
     assert proc.returncode == 0 and "stopping:" in out, out
     assert not any(Lab.alive(r) for r in records.values())
     assert Lab(state).records() == {}
+
+
+def test_sigterm_while_starting_stops_what_had_started(state):
+    """`kill` between two components' starts: the started ones are stopped, none is orphaned."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "up", "--state-dir", str(state), "--detach"],
+        cwd=state.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout.readline().startswith("  trainer")  # printed once the trainer is ready
+        records = Lab(state).records()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out
+    assert records and not any(Lab.alive(r) for r in records.values())
+    assert Lab(state).records() == {}
+    # and nothing started after the trainer was left behind: every port of the lab is free again
+    assert [name for name in ("trainer", "pager", "alertmanager", "prometheus") if not port_is_free(PORTS[name])] == []

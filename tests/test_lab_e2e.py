@@ -14,16 +14,22 @@ import json
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from oncall.pager import RUNBOOK_BASE, read_pages
 from runwatch.lab import Component, Lab
 from runwatch.promserver import instant, wait_ready
-from tests.conftest import runwatch, wait_for
+from tests.conftest import edit, runwatch, wait_for
 
 PROM = "http://127.0.0.1:9090"
 TRAINING_ALERTS = {"TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop"}
+
+
+def iso_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def pages(lab: Lab, run_id: str | None = None, alert: str | None = None, status: str = "firing") -> list[dict]:
@@ -157,6 +163,33 @@ def test_broken_rule_edit_is_refused_by_reload_and_old_rules_keep_firing(lab):
     assert res.returncode == 0 and "reloaded prometheus" in res.stdout
 
 
+def test_reload_runs_what_check_runs_and_names_rules_that_fail_when_evaluated(lab):
+    """A threshold edit that breaks a promtool unit test is refused, as `check` refuses it; a rule
+    promtool accepts but Prometheus cannot evaluate (every target's CPU matched on nothing) is
+    applied and named."""
+    rules = lab.layout.rules_dir
+    good = {name: (rules / name).read_text() for name in ("alerts.yml", "baselines.yml")}
+    try:
+        edit(rules / "alerts.yml", "avg60s > 3", "avg60s > 3.5", 1)
+        res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
+        assert res.returncode == 1 and "refused, promtool test rules failed" in res.stdout, res.stdout
+        assert "GradientNormJump" in res.stdout and str(rules.parent / "tests") in res.stdout
+        (rules / "alerts.yml").write_text(good["alerts.yml"])
+        (rules / "baselines.yml").write_text(
+            good["baselines.yml"] + "\n      - record: job:cpu:product\n"
+            "        expr: process_cpu_seconds_total * on() process_cpu_seconds_total\n"  # no unit test has it
+        )
+        res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
+        assert res.returncode == 1 and "reloaded prometheus" in res.stdout, res.stdout
+        assert "fails when evaluated: job:cpu:product (group runwatch-baselines)" in res.stdout
+        assert "many-to-many" in res.stdout
+    finally:
+        for name, text in good.items():
+            (rules / name).write_text(text)
+    res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
+    assert res.returncode == 0 and "fails when evaluated" not in res.stdout, res.stdout
+
+
 def test_up_refuses_a_second_lab_and_busy_ports(lab, tmp_path):
     res = runwatch("up", "--state-dir", str(lab.state), "--detach", cwd=tmp_path)
     assert res.returncode == 2 and "already running" in res.stderr
@@ -174,5 +207,20 @@ def test_status_reports_a_dead_component(lab):
 
 
 def test_pager_metrics_count_the_pages(lab):
-    text = requests.get("http://127.0.0.1:9095/metrics", timeout=5).text
-    assert "runwatch_pager_pages_total" in text
+    """The pager's counters equal the lines its process added to the page log, by status (earlier
+    scenarios restart the pager, and counters start again with the process), read when no page
+    arrived in between."""
+    started = lab.records()["pager"]["create_time"]
+
+    def counts() -> tuple[dict, dict] | None:
+        log = read_pages(lab.page_log)
+        before = [p for p in log if iso_time(p["received_at"]) >= started]
+        families = text_string_to_metric_families(requests.get("http://127.0.0.1:9095/metrics", timeout=5).text)
+        counted = {
+            s.labels["status"]: s.value for f in families for s in f.samples if s.name == "runwatch_pager_pages_total"
+        }
+        logged = {status: float(sum(p["status"] == status for p in before)) for status in ("firing", "resolved")}
+        return (counted, logged) if read_pages(lab.page_log) == log else None
+
+    counted, logged = wait_for(counts, 10, "a quiet moment in the page log")
+    assert logged["firing"] > 0 and counted == logged

@@ -1,0 +1,146 @@
+"""Bad input on the command line and in the state directory: one line naming the flag or the
+file, exit 2 (or 1 when a tool or server failed), nothing started and nothing half-written.
+
+None of these starts a lab; each case was a traceback, a hang or a silent wrong answer before.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runwatch.drill import scoreboard_line
+from tests.conftest import runwatch
+from trainer.config import TrainConfig
+from trainer.run import Trainer
+
+
+def one_line(res, code: int, *words: str) -> None:
+    assert res.returncode == code, res.stdout + res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
+    for word in words:
+        assert word in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [(["train", "--offline", "--out", "x.om", "--steps", "99999999999999999999"], "--steps"),
+     (["train", "--offline", "--out", "x.om", "--steps", "100000000"], "--steps"),
+     (["train", "--offline", "--out", "x.om", "--seed", "-1"], "--seed"),
+     (["train", "--offline", "--out", "x.om", "--lr", "inf"], "--lr"),
+     (["train", "--offline", "--out", "x.om", "--lr", "nan"], "--lr"),
+     (["train", "--port", "70000"], "--port"),
+     (["train", "--hold", "-1"], "--hold"),
+     (["backtest", "--seeds", "0-99999999999"], "--seeds"),
+     (["backtest", "--seeds", "5000000000"], "--seeds"),
+     (["backtest", "--workers", "0"], "--workers"),
+     (["up", "--seed", "-1", "--state-dir", "state"], "--seed"),
+     (["up", "--onset", "700", "--state-dir", "state"], "--onset"),
+     (["plate", "--since", "1e300"], "--since")],
+)  # fmt: skip
+def test_every_numeric_flag_has_a_range(tmp_path, args, flag):
+    res = runwatch(*args, cwd=tmp_path, timeout=60)
+    one_line(res, 2, flag)
+    assert list(tmp_path.iterdir()) == []  # nothing written, no state directory, no run
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    trainer = Trainer(TrainConfig())
+    for _ in range(3):
+        trainer.step()
+    return trainer.save_checkpoint(tmp_path_factory.mktemp("checkpoints"))
+
+
+def _empty(path: Path, good: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _truncated(path: Path, good: Path) -> None:
+    path.write_bytes(good.read_bytes()[:500])
+
+
+def _wrong_shape(path: Path, good: Path) -> None:
+    with np.load(good) as saved:
+        arrays = {key: saved[key] for key in saved.files}
+    np.savez(path, **{**arrays, "w": np.zeros((3, 3))})
+
+
+@pytest.mark.parametrize("damage", [_empty, _truncated, _wrong_shape])
+def test_resume_of_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_path, checkpoint, damage):
+    bad = tmp_path / "bad.npz"
+    damage(bad, checkpoint)
+    res = runwatch("train", "--resume", str(bad), "--port", "0", "--run-dir", "run", cwd=tmp_path, timeout=60)
+    one_line(res, 2, "--resume", "not a runwatch checkpoint")
+    assert not (tmp_path / "run").exists()  # no answer.sealed, no run.json saying "running"
+
+
+def test_a_failing_tool_in_the_backtest_is_one_line(tmp_path):
+    """A Prometheus that dies at start (here a stand-in on PATH) ends the backtest in one line."""
+    fake = tmp_path / "bin" / "prometheus"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'err=\"opening storage failed\"' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    env_path = f"{fake.parent}:{os.environ['PATH']}"
+    res = runwatch("backtest", "--seeds", "0", "--incidents", "none", cwd=tmp_path, timeout=120, env={"PATH": env_path})
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    last = res.stderr.strip().splitlines()[-1]  # after the progress lines
+    assert last == 'runwatch backtest: prometheus did not become ready: err="opening storage failed"'
+
+
+# --- the state directory ---
+
+
+def test_up_refuses_while_another_up_or_down_holds_the_lab(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    with open(state / "lab.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a second `runwatch up` starting in this state dir does
+        res = runwatch("up", "--state-dir", str(state), "--detach", cwd=tmp_path, timeout=60)
+    one_line(res, 2, "another `runwatch up` or `down`")
+    assert sorted(p.name for p in state.iterdir()) == ["lab.lock"]  # the winner's files untouched
+
+
+def test_a_state_dir_that_cannot_be_made_names_the_flag(tmp_path):
+    (tmp_path / "file").write_text("")
+    res = runwatch("up", "--state-dir", str(tmp_path / "file" / "state"), "--detach", cwd=tmp_path, timeout=60)
+    one_line(res, 2, "--state-dir")
+
+
+def test_a_damaged_pid_file_is_reported_and_removed_never_trusted(tmp_path):
+    pids = tmp_path / "state" / "pids"
+    pids.mkdir(parents=True)
+    (pids / "trainer.json").write_text('{"pid": 12')  # truncated by a crash
+    (pids / "pager.json").write_text('["a", "list"]')  # the wrong type
+    res = runwatch("status", "--state-dir", str(tmp_path / "state"), cwd=tmp_path, timeout=60)
+    assert res.returncode == 1 and res.stdout.count("DAMAGED") == 2 and "Traceback" not in res.stderr
+    res = runwatch("down", "--state-dir", str(tmp_path / "state"), cwd=tmp_path, timeout=60)
+    assert res.returncode == 0 and "stop it by hand" in res.stderr and "Traceback" not in res.stderr
+    assert list(pids.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "name, text, command",
+    [("lab.json", '{"run_id": ', ["reload"]), ("lab.json", "[]", ["reload"]),
+     ("drill.json", '{"run_id": "x"', ["diagnose", "none"]), ("drill.json", '"text"', ["ack", "HeldOutGap"]),
+     ("drill.json", '{"run_id": "x", "acks": []}', ["diagnose", "none"])],
+)  # fmt: skip
+def test_a_damaged_state_file_is_one_line_naming_it(tmp_path, name, text, command):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / name).write_text(text)
+    res = runwatch(*command, "--state-dir", str(state), cwd=tmp_path, timeout=60)
+    one_line(res, 2, name if name != "drill.json" or "acks" not in text else "sealed answer")
+    assert (state / name).read_text() == text  # left as it was, for the learner to look at
+
+
+def test_a_torn_scoreboard_line_is_skipped(tmp_path):
+    board = tmp_path / "scoreboard.jsonl"
+    rows = [{"run_id": "a", "correct": True}, {"run_id": "b", "correct": False}]
+    board.write_text(json.dumps(rows[0]) + '\n{"run_id": "c", "corr\n' + json.dumps(rows[1]) + "\n")
+    assert scoreboard_line(board) == "scoreboard: 1/2 drills diagnosed correctly"
