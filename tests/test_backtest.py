@@ -101,6 +101,30 @@ def test_an_edited_rule_changes_what_it_catches(tmp_path):
     assert all(e < d for e, d in zip(edited, default, strict=True)), (edited, default)
 
 
+def test_a_noisy_rule_and_a_deaf_one_are_reported(tmp_path):
+    """The report's false alarms, off-step firings and misses can be non-zero: a gradient rule
+    that fires on noise pages the healthy run and fires early in the incident; a loss rule with
+    a threshold of 300x never fires."""
+    rules = tmp_path / "rules"
+    shutil.copytree(REPO / "prometheus" / "rules", rules)
+    edit(rules / "alerts.yml", "gradient_norm:avg60s > 3", "gradient_norm:avg60s > 0.5", 1)
+    edit(rules / "alerts.yml", "loss:avg30s_offset5s > 3", "loss:avg30s_offset5s > 300", 1)
+    res = backtest(
+        "--seeds", "0", "--incidents", "none,corrupt_shard", "--rules", str(rules), "--json", "r.json", cwd=tmp_path
+    )
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "r.json").read_text())["summary"]
+    found = {
+        kind: {(f["incident"], f["alert"]) for f in summary[kind]} for kind in ("false_alarms", "off_steps", "missed")
+    }
+    assert ("none", "GradientNormJump") in found["false_alarms"]
+    assert ("corrupt_shard", "GradientNormJump") in found["off_steps"]
+    assert ("corrupt_shard", "TrainingLossJump") in found["missed"]
+    assert "false alarms (fired where the plate says silent): 0" not in res.stdout
+    assert "  none seed 0: GradientNormJump at step" in res.stdout
+    assert "  corrupt_shard seed 0: TrainingLossJump at step None" in res.stdout
+
+
 def test_rules_that_fail_promtool_are_refused_with_its_message(tmp_path):
     rules = tmp_path / "rules"
     shutil.copytree(REPO / "prometheus" / "rules", rules)

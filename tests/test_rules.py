@@ -45,6 +45,25 @@ def test_promtool_test_rules():
     assert res.stdout.count("SUCCESS") == len(list(TESTS.glob("*.test.yml")))
 
 
+BASELINE_GUARDS = [
+    "and count_over_time(runwatch_train_loss[30s] offset 5s) >= 15",
+    "and count_over_time(runwatch_train_gradient_norm[60s]) >= 20",
+    "and count_over_time(runwatch_train_loss[20s]) >= 10",
+    "and runwatch_train_loss\n",
+    "and count_over_time(runwatch_train_tokens_per_second[60s] offset 5s) >= 20",
+    "and count_over_time(runwatch_train_logit_norm_max[60s]) >= 30",
+]
+
+
+@pytest.mark.parametrize("guard", BASELINE_GUARDS, ids=range(len(BASELINE_GUARDS)))
+def test_deleting_a_baseline_guard_fails_a_unit_test(tmp_path, guard):
+    """Each guard of baselines.yml is held by a test: without it, baselines.test.yml goes red."""
+    shutil.copytree(REPO / "prometheus", tmp_path / "prometheus")
+    edit(tmp_path / "prometheus" / "rules" / "baselines.yml", guard, "\n" if guard.endswith("\n") else "", 1)
+    res = promtool("test", "rules", str(tmp_path / "prometheus" / "tests" / "baselines.test.yml"))
+    assert res.returncode == 1 and "FAILED" in res.stdout + res.stderr
+
+
 def test_generated_incident_tests_are_up_to_date():
     spec = importlib.util.spec_from_file_location("make_incident_tests", TESTS / "make_incident_tests.py")
     module = importlib.util.module_from_spec(spec)
