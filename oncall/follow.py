@@ -15,14 +15,21 @@ import json
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
+from urllib.request import urlopen
 
-from oncall.pager import WATCHDOG_SILENT, WATCHDOG_TIMEOUT_S, make_server
+from oncall.pager import WATCHDOG_SILENT, WATCHDOG_TIMEOUT_S, make_server, read_pages, rfc3339_ms
 from runwatch.command import Parser, UsageError
 
 DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
+PROMETHEUS = "http://127.0.0.1:9090"  # the lab's, natively and through compose's published port
+# Alertmanager's group_wait (up to 5 s) and a few retries: a page later than this is lost, or late.
+UNPAGED_AFTER_S = 60.0
+UNPAGED_EVERY_S = 10.0
 _HERE = Path(__file__).resolve().parents[1]
 # The checkout's runbooks/, or, installed from a wheel, the copy beside the runwatch package.
 _RUNBOOK_DIRS = (_HERE / "runbooks", _HERE / "runwatch" / "configuration" / "runbooks")
@@ -83,22 +90,77 @@ def _print_line(line: bytes, out: TextIO) -> None:
         print(format_page(page), file=out, flush=True)
 
 
+class Unpaged:
+    """Alerts Prometheus fired that never became a page: the trace of a page lost while the
+    pager was down (Alertmanager gives up on a notification, and an alert that resolved in the
+    meantime is never sent again).
+
+    Prometheus's ALERTS series is its own record of what fired; this compares it with the page
+    log, it does not decide what should fire. Only an (alert, run) with no firing page at all
+    counts, and only UNPAGED_AFTER_S after it first fired, so a page still on its way (group_wait,
+    retries) or a re-fire held back by an ack's silence is not reported.
+    """
+
+    QUERY = 'min_over_time(timestamp(ALERTS{alertstate="firing",severity=~"page|critical|warning"})[1h:1s])'
+
+    def __init__(self, log_path: Path, prometheus: str, clock: Callable[[], float] = time.time) -> None:
+        self.log_path, self.prometheus, self.clock = log_path, prometheus.rstrip("/"), clock
+        self.reported: set[tuple[str, str]] = set()
+        self.unreachable_said = False
+
+    def fired(self) -> list[tuple[str, str, float]] | None:
+        """(alert, run_id, first fired) for each alert that fired in the last hour; None if
+        Prometheus cannot be asked."""
+        url = f"{self.prometheus}/api/v1/query?" + urlencode({"query": self.QUERY, "time": self.clock()})
+        try:
+            with urlopen(url, timeout=5) as resp:  # noqa: S310 (the lab's own Prometheus URL)
+                result = json.load(resp)["data"]["result"]
+        except (OSError, ValueError, KeyError):
+            return None
+        return [(r["metric"].get("alertname", ""), r["metric"].get("run_id", ""), float(r["value"][1])) for r in result]
+
+    def check(self, out: TextIO, err: TextIO) -> None:
+        """Print a line for each alert newly found unpaged (or, once, that Prometheus cannot be asked)."""
+        fired = self.fired()
+        if fired is None:
+            if not self.unreachable_said:
+                why = "pages lost while the pager was down would not show here (--prometheus)"
+                print(f"runwatch pager: cannot ask Prometheus at {self.prometheus} which alerts fired; {why}", file=err)
+                self.unreachable_said = True
+            return
+        paged = {
+            (p.get("alert", ""), p.get("run_id", "")) for p in read_pages(self.log_path) if p.get("status") == "firing"
+        }
+        now = self.clock()
+        for alert, run_id, first in sorted(fired, key=lambda f: f[2]):
+            key = (alert, run_id)
+            if key in paged or key in self.reported or now - first < UNPAGED_AFTER_S:
+                continue
+            self.reported.add(key)
+            at = rfc3339_ms(first)[11:19]
+            print(f"{rfc3339_ms(now)[11:19]}  UNPAGED   {printable(alert).ljust(20)}  run={printable(run_id or '-')}  "
+                  f"fired in Prometheus at {at} but no page reached the pager: lost while it was down, "
+                  "or held back by a silence or an inhibition", file=out, flush=True)  # fmt: skip
+
+
 def follow(
     log_path: Path,
     out: TextIO | None = None,
     follow: bool = True,
     poll: float = 0.2,
     stop: threading.Event | None = None,
+    unpaged: Unpaged | None = None,
 ) -> None:
     """Print every page in the log, then (if ``follow``) each page appended later, until ``stop`` is set.
 
     A log that does not exist yet is waited for. A last line without its newline is still being
     written, so it is printed only once the newline arrives. ``out`` defaults to sys.stdout.
+    With ``unpaged``, alerts that fired but never paged are printed too, checked every 10 s.
     Do not use this to count pages; use read_pages().
     """
     out = sys.stdout if out is None else out
     stop = threading.Event() if stop is None else stop
-    offset, pending = 0, b""
+    offset, pending, next_check = 0, b"", 0.0
     while True:
         try:
             with open(log_path, "rb") as f:
@@ -113,6 +175,9 @@ def follow(
         for line in lines:
             if line.strip():
                 _print_line(line, out)
+        if unpaged is not None and time.monotonic() >= next_check:
+            unpaged.check(out, sys.stderr)
+            next_check = time.monotonic() + UNPAGED_EVERY_S
         if not follow or stop.wait(poll):
             return
 
@@ -142,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="runwatch pager", description="Print the on-call page log, one line per page.")
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to read (default {DEFAULT_LOG})")
     parser.add_argument("--follow", action="store_true", help="keep printing pages as they arrive, like tail -f")
+    parser.add_argument(
+        "--prometheus", default=PROMETHEUS, metavar="URL",
+        help=f"ask it which alerts fired but never paged (default {PROMETHEUS}; '' not to ask)",
+    )  # fmt: skip
     try:
         args = parser.parse_args(argv)
     except UsageError as e:
@@ -160,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.reconfigure(errors="backslashreplace")
     try:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how --follow ends
-            follow(args.log, follow=args.follow)
+            follow(
+                args.log, follow=args.follow, unpaged=Unpaged(args.log, args.prometheus) if args.prometheus else None
+            )
     except OSError as e:
         print(f"{parser.prog}: --log: cannot read {args.log}: {e.strerror or e}", file=sys.stderr)
         return 2

@@ -398,7 +398,7 @@ def test_follow_without_follow_prints_and_returns(tmp_path):
 def test_pager_cli_prints_the_log(tmp_path, capsys):
     log_path = tmp_path / "pages.jsonl"
     log_path.write_text(json.dumps(PAGE) + "\n")
-    assert main(["--log", str(log_path)]) == 0
+    assert main(["--log", str(log_path), "--prometheus", ""]) == 0
     assert capsys.readouterr().out == LINE + "\n"
 
 

@@ -49,7 +49,7 @@ def test_a_log_of_hostile_pages_prints_safely_and_completely(pager):
 
     # A child with a strict UTF-8 stdout, as a terminal is: a lone surrogate used to end it there.
     res = subprocess.run(
-        [sys.executable, "-m", "runwatch", "pager", "--log", str(pager.log_path)],
+        [sys.executable, "-m", "runwatch", "pager", "--log", str(pager.log_path), "--prometheus", ""],
         capture_output=True, timeout=60, env={"PYTHONIOENCODING": "utf-8:strict", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert res.returncode == 0, res.stderr.decode(errors="replace")
