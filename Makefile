@@ -52,7 +52,7 @@ apt-compose-podman:
 	$(call apt_install,docker-compose $(PODMAN_APT_PACKAGES))
 
 test: $(VENV)/.installed binaries apt-compose-cli
-	$(PY) -m pytest -q -m "not compose"
+	$(PY) -m pytest -q -m "not compose" -n 2 --dist loadgroup
 
 test-compose: $(VENV)/.installed binaries compose-runtime
 	$(PY) -m pytest -q -m compose tests/test_compose_e2e.py

@@ -15,6 +15,14 @@ from runwatch.paths import REPO
 from runwatch.promserver import free_port  # noqa: F401 (tests import it from here)
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Every test that uses the native lab (its fixed ports: 8000, 9090, 9093, 9095) runs on one
+    pytest-xdist worker, in file order; the others run on the rest (`make test` runs two).
+    Marked as each test is collected, before pytest-xdist reads the groups."""
+    if "lab_session" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.xdist_group("fixed-ports"))
+
+
 def need(binary: str) -> str:
     """The binary's path; fail (not skip) when it is missing: CI installs it."""
     path = shutil.which(binary)
