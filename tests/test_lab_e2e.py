@@ -17,9 +17,11 @@ import time
 from datetime import datetime
 
 import requests
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from oncall.pager import RUNBOOK_BASE, read_pages
+from oncall.pager import RUNBOOK_BASE, WATCHDOG_TIMEOUT_S, read_pages
+from runwatch.backtest import duration_seconds
 from runwatch.lab import Component, Lab
 from runwatch.promserver import instant, wait_ready
 from tests.conftest import edit, runwatch, wait_for
@@ -224,3 +226,30 @@ def test_pager_metrics_count_the_pages(lab):
 
     counted, logged = wait_for(counts, 10, "a quiet moment in the page log")
     assert logged["firing"] > 0 and counted == logged
+
+
+def test_prometheus_told_to_quit_pages_watchdog_silent(lab, lab_session):
+    """Any local process can POST /-/quit (the lab runs with --web.enable-lifecycle for reload).
+    Nothing can alert on Prometheus from Prometheus: the pager's dead-man's switch does. Bound:
+    the pager's watchdog timeout, plus the Watchdog route's repeat interval (the last heartbeat
+    may be that old), plus a few seconds for Alertmanager to let the alert lapse. Last in this
+    file: the lab is stopped afterwards."""
+    route = next(
+        r for r in yaml.safe_load(lab.alertmanager_yml.read_text())["route"]["routes"] if r["receiver"] == "watchdog"
+    )
+    bound = WATCHDOG_TIMEOUT_S + duration_seconds(route["repeat_interval"]) + 10
+
+    def heard() -> bool:  # the switch is armed by the first heartbeat
+        text = requests.get("http://127.0.0.1:9095/metrics", timeout=5).text
+        return any(
+            s.value > 0 for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "runwatch_pager_watchdog_last_timestamp_seconds"
+        )  # fmt: skip
+
+    try:
+        wait_for(heard, bound, "the first Watchdog heartbeat")
+        assert requests.post(f"{PROM}/-/quit", timeout=5).status_code == 200
+        page = wait_for(lambda: pages(lab, "", "WatchdogSilent"), bound, "the pager's WatchdogSilent page")[0]
+        assert page["severity"] == "critical" and page["runbook_url"] == f"{RUNBOOK_BASE}/WatchdogSilent.md"
+    finally:
+        lab_session.stop()
