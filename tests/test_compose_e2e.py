@@ -141,17 +141,20 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
 def test_a_killed_trainer_pages_trainer_down_within_15s(stack):
     stack.compose("kill", "trainer")
     killed = time.time()
-    page = wait_for(lambda: stack.pages("TrainerDown"), 60, "a TrainerDown page")[0]
-    received = datetime.fromisoformat(page["received_at"].replace("Z", "+00:00")).timestamp()
-    # for: 10s, plus a scrape and an evaluation (1 s each), group_wait 0 s; the bound
-    assert received - killed <= 15, (
-        received - killed,
-        history(killed - 5, received + 1),
-        stack.compose("logs", "--tail=15", "alertmanager"),
-    )
-    assert "trainer:8000" in page["summary"]
-    stack.compose("up", "-d", "trainer", env=INCIDENT)  # a new run, for the scenarios that follow
-    wait_for(lambda: stack.healthy("trainer"), 60, "the trainer to be healthy again")
+    try:
+        page = wait_for(lambda: stack.pages("TrainerDown"), 60, "a TrainerDown page")[0]
+        received = datetime.fromisoformat(page["received_at"].replace("Z", "+00:00")).timestamp()
+        # for: 10s, plus a scrape and an evaluation (1 s each), group_wait 0 s; the bound
+        if received - killed > 15:  # pytest.fail prints all of it, where an assert's message is cut
+            notify = [line for line in stack.compose("logs", "alertmanager").splitlines() if "otif" in line]
+            pytest.fail(
+                f"TrainerDown paged {received - killed:.1f} s after the kill\n"
+                f"Prometheus: {history(killed - 5, received + 1)}\nAlertmanager:\n" + "\n".join(notify[-30:])
+            )
+        assert "trainer:8000" in page["summary"]
+    finally:  # a new run, for the scenarios that follow, whatever happened here
+        stack.compose("up", "-d", "trainer", env=INCIDENT)
+        wait_for(lambda: stack.healthy("trainer"), 60, "the trainer to be healthy again")
 
 
 def test_restarting_each_service_in_turn_then_an_incident_pages_exactly_once(stack):
