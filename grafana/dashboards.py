@@ -183,10 +183,25 @@ def curves() -> list[timeseries.Panel]:
         )
         .override_by_name("alert threshold (3x running mean)", dashed("alert threshold (3x running mean)"))
     )
+    # Not rate() of the token counter: with 1 s scrapes of ~1 s steps, a window of a few seconds
+    # holds 2, 3 or 4 steps, so a healthy run's rate jumps between thirds of a step's tokens
+    # (43,690 / 65,536 / 87,381) and reads as a slow node. Each step's own measurement is flat
+    # within its 2% jitter; a slow node's 30% drop falls below the dashed alert threshold.
     throughput = (
-        series_panel("Throughput (tokens/s per GPU)", "From rate() of the token counter, and measured for each step.")
-        .with_target(query(f"rate(runwatch_train_tokens_total{{{RUN}}}[$__rate_interval])", "rate(tokens)", "A"))
-        .with_target(query(f"runwatch_train_tokens_per_second{{{RUN}}}", "per step", "B"))
+        series_panel(
+            "Throughput (tokens/s per GPU)",
+            "Measured for each step (its tokens over its device time), with the ThroughputDrop threshold: "
+            "0.8x its 60-step baseline.",
+        )
+        .with_target(query(f"runwatch_train_tokens_per_second{{{RUN}}}", "per step", "A"))
+        .with_target(
+            query(
+                f"0.8 * run:runwatch_train_tokens_per_second:avg60s_offset5s{{{RUN}}}",
+                "alert threshold (0.8x baseline)",
+                "B",
+            )
+        )
+        .override_by_name("alert threshold (0.8x baseline)", dashed("alert threshold (0.8x baseline)"))
         .unit("short")
     )
     return [loss, grad, throughput]

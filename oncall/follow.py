@@ -3,7 +3,7 @@
 Do not parse this output in tools; read the log with ``oncall.pager.read_pages`` instead.
 
     >>> follow(Path(".runwatch/pages.jsonl"), follow=False)
-    12:00:05  FIRING    TrainingLossJump      run=corrupt_shard-3  step=300  Loss jumped  runbook: runbooks/Trai...
+    12:00:05  FIRING    TrainingLossJump      run=corrupt_shard-3  step=300  Loss jumped  runbook: http://127.0...
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 from urllib.parse import urlencode, urlsplit
 from urllib.request import urlopen
 
-from oncall.pager import WATCHDOG_SILENT, WATCHDOG_TIMEOUT_S, make_server, read_pages, rfc3339_ms
+from oncall.pager import RUNBOOK_BASE, WATCHDOG_SILENT, WATCHDOG_TIMEOUT_S, make_server, read_pages, rfc3339_ms
 from runwatch.command import Parser, UsageError
 
 DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
@@ -37,13 +38,13 @@ DEFAULT_RUNBOOKS = next((d for d in _RUNBOOK_DIRS if d.is_dir()), _RUNBOOK_DIRS[
 
 
 def runbook_path(page: dict[str, Any]) -> str:
-    """Return the runbook link to print for a page: its runbook_url when that is a URL that opens
-    (http or https), else the repo-relative runbooks/<name>.md it names, else runbooks/<alert>.md."""
+    """Return the runbook link to print for a page, as a URL that opens: its runbook_url when that
+    is http(s), else the pager's copy of the runbook it names, else of the alert's own."""
     url = page.get("runbook_url") or ""
     if urlsplit(url).scheme in ("http", "https"):
         return url
     name = urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
-    return f"runbooks/{name}" if name.endswith(".md") else f"runbooks/{page.get('alert') or 'unknown'}.md"
+    return f"{RUNBOOK_BASE}/{name if name.endswith('.md') else (page.get('alert') or 'unknown') + '.md'}"
 
 
 def printable(value: object) -> str:
@@ -81,13 +82,28 @@ def format_page(page: dict[str, Any]) -> str:
     return "  ".join(fields)
 
 
-def _print_line(line: bytes, out: TextIO) -> None:
+def _page(line: bytes) -> dict[str, Any] | None:
     try:
         page = json.loads(line)
     except ValueError:
-        return  # a torn line left by a crash; the pager skips it too
-    if isinstance(page, dict):
-        print(format_page(page), file=out, flush=True)
+        return None  # a torn line left by a crash; the pager skips it too
+    return page if isinstance(page, dict) else None
+
+
+def _received(page: dict[str, Any]) -> float:
+    try:
+        return datetime.fromisoformat(str(page.get("received_at", "")).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return float("inf")  # an unreadable time is shown, never hidden
+
+
+def lab_started(log_path: Path) -> float | None:
+    """When the lab whose state directory holds this log was started (its lab.json), if known."""
+    try:
+        started = json.loads((Path(log_path).parent / "lab.json").read_text()).get("started_at")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(started) if isinstance(started, int | float) else None
 
 
 class Unpaged:
@@ -150,17 +166,19 @@ def follow(
     poll: float = 0.2,
     stop: threading.Event | None = None,
     unpaged: Unpaged | None = None,
+    since: float | None = None,
 ) -> None:
     """Print every page in the log, then (if ``follow``) each page appended later, until ``stop`` is set.
 
     A log that does not exist yet is waited for. A last line without its newline is still being
     written, so it is printed only once the newline arrives. ``out`` defaults to sys.stdout.
     With ``unpaged``, alerts that fired but never paged are printed too, checked every 10 s.
+    With ``since`` (a Unix time), pages received before it are hidden, and counted once.
     Do not use this to count pages; use read_pages().
     """
     out = sys.stdout if out is None else out
     stop = threading.Event() if stop is None else stop
-    offset, pending, next_check = 0, b"", 0.0
+    offset, pending, next_check, hidden = 0, b"", 0.0, 0
     while True:
         try:
             with open(log_path, "rb") as f:
@@ -172,11 +190,17 @@ def follow(
             data = b""
         offset += len(data)
         *lines, pending = (pending + data).split(b"\n")
-        for line in lines:
-            if line.strip():
-                _print_line(line, out)
-        if unpaged is not None and time.monotonic() >= next_check:
-            unpaged.check(out, sys.stderr)
+        for page in filter(None, map(_page, lines)):
+            if since is not None and _received(page) < since:
+                hidden += 1
+                continue
+            print(format_page(page), file=out, flush=True)
+        if hidden and next_check == 0.0:  # said once, after the first reading
+            print(f"runwatch pager: {hidden} earlier page(s), from before this lab started, are hidden (--all)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        if time.monotonic() >= next_check:
+            if unpaged is not None:
+                unpaged.check(out, sys.stderr)
             next_check = time.monotonic() + UNPAGED_EVERY_S
         if not follow or stop.wait(poll):
             return
@@ -207,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="runwatch pager", description="Print the on-call page log, one line per page.")
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to read (default {DEFAULT_LOG})")
     parser.add_argument("--follow", action="store_true", help="keep printing pages as they arrive, like tail -f")
+    parser.add_argument("--all", action="store_true", help="also the pages of earlier labs in this state directory")
     parser.add_argument(
         "--prometheus", default=PROMETHEUS, metavar="URL",
         help=f"ask it which alerts fired but never paged (default {PROMETHEUS}; '' not to ask)",
@@ -222,16 +247,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{parser.prog}: --log: {args.log} is a directory, not a page log", file=sys.stderr)
         return 2
     if not args.follow and not args.log.exists():
-        print(f"runwatch pager: no page log at {args.log}; start `runwatch pager-serve` or pass --log", file=sys.stderr)
+        print(f"{parser.prog}: no page log at {args.log}: start a lab with `runwatch up` (its log is "
+              "STATE_DIR/pages.jsonl), or pass --log", file=sys.stderr)  # fmt: skip
         return 1
+    since = None if args.all else lab_started(args.log)
+    if args.follow:  # say it is listening, or a quiet terminal looks like a hung one
+        print(f"{parser.prog}: following {args.log} from {rfc3339_ms(time.time())[11:19]} UTC; "
+              "pages print as they arrive (Ctrl-C stops)", file=sys.stderr, flush=True)  # fmt: skip
     # A terminal that cannot show a character gets its escape, never a UnicodeEncodeError.
     with contextlib.suppress(AttributeError, ValueError):
         sys.stdout.reconfigure(errors="backslashreplace")
     try:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how --follow ends
-            follow(
-                args.log, follow=args.follow, unpaged=Unpaged(args.log, args.prometheus) if args.prometheus else None
-            )
+            unpaged = Unpaged(args.log, args.prometheus) if args.prometheus else None
+            follow(args.log, follow=args.follow, unpaged=unpaged, since=since)
     except OSError as e:
         print(f"{parser.prog}: --log: cannot read {args.log}: {e.strerror or e}", file=sys.stderr)
         return 2

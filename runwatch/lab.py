@@ -383,7 +383,9 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
         lab.write_target(name, [f"127.0.0.1:{PORTS[name]}"])
     if args.incident == "random":
         lab.seal_drill(run_id, args.drill_seed)
-    write_atomic(lab.state / "lab.json", json.dumps({"run_id": run_id, "root": str(lab.layout.root)}) + "\n")
+    # started_at: `runwatch pager` shows this lab's pages, not those of earlier labs
+    record = {"run_id": run_id, "root": str(lab.layout.root), "started_at": time.time()}
+    write_atomic(lab.state / "lab.json", json.dumps(record) + "\n")
     try:
         for comp in comps:
             lab.start(comp)

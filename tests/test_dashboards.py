@@ -19,6 +19,7 @@ from runwatch.paths import REPO
 from runwatch.plate import collect, draw, windows
 from runwatch.promserver import instant
 from tests.conftest import runwatch, wait_for
+from tests.test_lab_e2e import ExtraTrainer
 
 PROM = "http://127.0.0.1:9090"
 ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")
@@ -167,6 +168,32 @@ def test_the_plate_picture_from_the_live_run(incident, tmp_path):
     assert (width, height) == (1000, 900) and out.stat().st_size > 30_000
     assert out.stat().st_mode & 0o777 == 0o644  # readable beside the postmortem, as every report is
     assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+
+
+def throughput(data) -> list[tuple[int, float]]:
+    return data.series["throughput"]["per step"]
+
+
+def test_throughput_is_flat_on_a_healthy_run_and_drops_below_the_threshold_on_a_slow_node(incident, tmp_path):
+    """The drawn series, not only the query: a healthy run (the corrupt shard's throughput is
+    healthy) stays within its 2% jitter, where rate() of the token counter showed drops to 44k;
+    a slow node's steps from the onset fall 30%, below the dashed ThroughputDrop threshold."""
+    healthy = [v for _, v in throughput(collect(PROM, incident.run_id, since_s=600))]
+    middle = sorted(healthy)[len(healthy) // 2]
+    assert len(healthy) > 40 and all(0.93 < v / middle < 1.07 for v in healthy), (min(healthy), max(healthy))
+
+    slow = ExtraTrainer(incident, "slow", 8106, "--incident", "slow_node", "--fast-forward", "280")
+    try:
+        wait_for(lambda: slow.step() >= 310, 60, "ten steps of the slow node")
+        data = collect(PROM, slow.run_id, since_s=600)
+    finally:
+        slow.close()
+    before = [v for step, v in throughput(data) if step < 300]
+    after = [v for step, v in throughput(data) if step >= 300]
+    ratio = (sum(after) / len(after)) / (sum(before) / len(before))
+    assert 0.66 < ratio < 0.74, ratio
+    threshold = dict(data.series["throughput"]["alert threshold (0.8x baseline)"])
+    assert all(v < threshold[step] for step, v in throughput(data) if step >= 300 and step in threshold)
 
 
 def test_incident_windows_join_across_unscraped_steps_only():

@@ -6,6 +6,8 @@ import http.client
 import io
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -326,7 +328,7 @@ PAGE = {
 }
 LINE = (
     "12:00:05  FIRING    TrainingLossJump      run=corrupt_shard-3  step=300  "
-    "Training loss jumped above its running mean.  runbook: runbooks/TrainingLossJump.md"
+    "Training loss jumped above its running mean.  runbook: http://127.0.0.1:9095/runbooks/TrainingLossJump.md"
 )
 
 
@@ -341,8 +343,9 @@ def test_format_page():
     [
         ("http://127.0.0.1:9095/runbooks/TrainingLossJump.md", "http://127.0.0.1:9095/runbooks/TrainingLossJump.md"),
         ("https://wiki.example/oncall/loss", "https://wiki.example/oncall/loss"),  # a URL opens: print it
-        ("runbooks/TrainingLossJump.md", "runbooks/TrainingLossJump.md"),
-        ("", "runbooks/TrainingLossJump.md"),
+        # a page of an older rule file, with a relative path: the pager's copy, which opens
+        ("runbooks/TrainingLossJump.md", "http://127.0.0.1:9095/runbooks/TrainingLossJump.md"),
+        ("", "http://127.0.0.1:9095/runbooks/TrainingLossJump.md"),
     ],
 )
 def test_format_page_runbook_path(runbook_url, expected):
@@ -390,6 +393,41 @@ def test_follow_without_follow_prints_and_returns(tmp_path):
     out = io.StringIO()
     follow(log_path, out, follow=False)
     assert out.getvalue() == LINE + "\n"
+
+
+def test_follow_hides_the_pages_of_earlier_labs_and_says_so(tmp_path, capsys):
+    """A drill's pager starts with the pages of earlier labs in the same state directory: only
+    this lab's are shown (its lab.json says when it started), unless --all."""
+    log_path = tmp_path / "pages.jsonl"
+    old = {**PAGE, "received_at": "2024-05-01T11:00:00.000Z", "alert": "OldAlert"}
+    log_path.write_text(json.dumps(old) + "\n" + json.dumps(PAGE) + "\n")
+    (tmp_path / "lab.json").write_text(json.dumps({"run_id": "x", "started_at": NOW - 60}))
+    assert main(["--log", str(log_path), "--prometheus", ""]) == 0
+    out, err = capsys.readouterr()
+    assert out == LINE + "\n" and "1 earlier page(s), from before this lab started, are hidden (--all)" in err
+    assert main(["--log", str(log_path), "--prometheus", "", "--all"]) == 0
+    assert "OldAlert" in capsys.readouterr().out
+
+
+def test_follow_says_it_is_listening(tmp_path):
+    """--follow on a quiet log: a line on stderr says it is waiting, and since when."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "pager", "--follow", "--log", str(tmp_path / "pages.jsonl"),
+         "--prometheus", ""],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert line.startswith(f"runwatch pager: following {tmp_path / 'pages.jsonl'} from ") and "Ctrl-C" in line
+
+
+def test_no_page_log_advises_a_command_that_exists(tmp_path, capsys):
+    assert main(["--log", str(tmp_path / "nope.jsonl"), "--prometheus", ""]) == 1
+    err = capsys.readouterr().err
+    assert "runwatch up" in err and "pager-serve" not in err and err.count("\n") == 1
 
 
 # --- command lines ---
