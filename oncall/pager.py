@@ -381,6 +381,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if code == 405:
             self.send_header("Allow", ROUTES[urlsplit(self.path).path])
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -390,6 +392,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reject(self, code: int, reason: str, field: str, problem: str) -> None:
         self.server.metrics.rejected.labels(reason).inc()
+        # A refused request may have left body bytes unread: they must not be read as the next
+        # request on a kept-alive connection, so this one ends here.
+        self.close_connection = True
         self._json(code, {"error": f"{field}: {problem}", "field": field})
 
     def _route(self) -> None:

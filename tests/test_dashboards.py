@@ -192,8 +192,13 @@ def test_throughput_is_flat_on_a_healthy_run_and_drops_below_the_threshold_on_a_
     after = [v for step, v in throughput(data) if step >= 300]
     ratio = (sum(after) / len(after)) / (sum(before) / len(before))
     assert 0.66 < ratio < 0.74, ratio
+    # Below the dashed threshold as the drop begins: the first three steps that have a baseline
+    # (20 samples, from about step 304 after this fast-forward). Later the baseline takes in the
+    # slow steps and the line comes down to them (ThroughputDrop sees a drop, not a level); with
+    # only 20 healthy steps behind it, that takes a few steps here.
     threshold = dict(data.series["throughput"]["alert threshold (0.8x baseline)"])
-    assert all(v < threshold[step] for step, v in throughput(data) if step >= 300 and step in threshold)
+    early = sorted({step: v for step, v in throughput(data) if step >= 302 and step in threshold}.items())[:3]
+    assert len(early) == 3 and all(v < threshold[step] for step, v in early), (early, threshold)
 
 
 def test_incident_windows_join_across_unscraped_steps_only():
