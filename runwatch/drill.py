@@ -430,8 +430,10 @@ def postmortem_markdown(run_id: str, grade: dict, events: list[tuple[float, str]
 
 def add_drill(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
-    p.add_argument("--seed", type=int, default=None, help="make the drill reproducible (incident, onset, data)")
-    p.add_argument("--fast-forward", type=int, default=0, metavar="STEP", help="skip ahead (below the earliest onset)")
+    p.add_argument("--seed", type=lab_mod.SEED, default=None, help="make the drill reproducible in this state dir")
+    p.add_argument(
+        "--fast-forward", type=lab_mod.STEP, default=0, metavar="STEP", help="skip ahead (below the earliest onset)"
+    )
     return drill
 
 
@@ -446,7 +448,7 @@ def add_ack(p: argparse.ArgumentParser) -> Command:
 def add_diagnose(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
     p.add_argument("incident", help=f"your diagnosis: one of {', '.join(INCIDENTS)}")
-    p.add_argument("--step", type=int, default=None, help="the step you think it began at")
+    p.add_argument("--step", type=lab_mod.STEP, default=None, help="the step you think it began at")
     return diagnose
 
 

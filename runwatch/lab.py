@@ -66,6 +66,8 @@ ALERTMANAGER_FLAGS = [
 
 
 PY = [sys.executable, "-m", "runwatch"]  # our own commands, in this interpreter
+SEED = number(int, 0, MAX_SEED)  # the ranges of up's and drill's numeric flags
+STEP = number(int, 0, MAX_STEPS)
 
 
 def loopback(config: str) -> str:
@@ -498,13 +500,13 @@ def evaluation_errors(prometheus: str) -> list[str]:
 def add_up(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
     p.add_argument("--incident", default="none", help="incident for the trainer, or random for a drill")
-    p.add_argument("--seed", type=number(int, 0, MAX_SEED), default=0)
-    p.add_argument("--onset", type=number(int, 0, MAX_STEPS), default=None)
-    p.add_argument("--fast-forward", type=number(int, 0, MAX_STEPS), default=0, metavar="STEP")
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--onset", type=STEP, default=None)
+    p.add_argument("--fast-forward", type=STEP, default=0, metavar="STEP")
     p.add_argument("--control", action="store_true", help=f"also run a healthy control trainer on :{CONTROL_PORT}")
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision (Lesson 20)")
     p.add_argument("--detach", action="store_true", help="return once everything is ready")
-    p.add_argument("--drill-seed", type=number(int, 0, MAX_SEED), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--drill-seed", type=SEED, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--root",
         type=Path,

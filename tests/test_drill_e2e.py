@@ -165,7 +165,8 @@ def test_a_healthy_drill_graded_no_incident_is_correct(tmp_path, state):
     "args, names",
     [(["drill", "--fast-forward", "240"], "--fast-forward"), (["ack", "HeldOutGap", "--expires", "0"], "--expires"),
      (["ack", "HeldOutGap", "--expires", "1e300"], "--expires"), (["ack", "HeldOutGap"], "no drill"),
-     (["diagnose", "meteor"], "unknown incident"),
+     (["diagnose", "meteor"], "unknown incident"), (["drill", "--fast-forward", "-5"], "--fast-forward"),
+     (["drill", "--seed", "-1"], "--seed"), (["diagnose", "none", "--step", "1e9"], "--step"),
      (["diagnose", "none"], "no drill"), (["postmortem"], "no drill")],
 )  # fmt: skip
 def test_drill_commands_refuse_bad_input_in_one_line(tmp_path, args, names):
