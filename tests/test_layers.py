@@ -99,13 +99,14 @@ def test_the_exporter_takes_a_record_not_the_trainer():
 
 def test_the_standalone_pager_listens_where_the_lab_says():
     """The pager keeps its own default port (it stands alone); it must be the lab's."""
-    from oncall.follow import serve_main  # noqa: F401 (the module whose default is checked)
+    from oncall.follow import PROMETHEUS
     from oncall.pager import RUNBOOK_BASE
     from runwatch.names import PORTS, url
 
     text = (REPO / "oncall" / "follow.py").read_text()
     assert f'"--port", type=_port, default={PORTS["pager"]}' in text
     assert RUNBOOK_BASE == f"{url('pager')}/runbooks"
+    assert PROMETHEUS == url("prometheus")  # where `runwatch pager` looks for alerts that never paged
 
 
 def test_no_function_is_longer_than_a_screen():
