@@ -193,9 +193,10 @@ def fired_in_prometheus(page: dict, run_id: str, since: float) -> bool:
     """Whether Prometheus's own record (ALERTS) has this page's alert firing for the run by the
     time the page arrived. Any local process can post to the pager; only Prometheus's rules make
     ALERTS, so a page without it is not counted (not an alert decision: Prometheus made it)."""
-    if not ALERT_NAME.fullmatch(page.get("alert", "")):
+    received = _t(page)
+    if received is None or not ALERT_NAME.fullmatch(str(page.get("alert", ""))):
         return False
-    at = _t(page) + 2  # ALERTS is written when the alert fires, before the notification
+    at = received + 2  # ALERTS is written when the alert fires, before the notification
     selector = f'ALERTS{{alertname="{page["alert"]}",run_id="{run_id}",alertstate="firing"}}'
     try:
         return bool(instant(PROMETHEUS, f"count_over_time({selector}[{int(at - since) + 60}s])", at))
