@@ -145,7 +145,9 @@ class Unpaged:
                 self.unreachable_said = True
             return
         paged = {
-            (p.get("alert", ""), p.get("run_id", "")) for p in read_pages(self.log_path) if p.get("status") == "firing"
+            (str(p.get("alert", "")), str(p.get("run_id", "")))
+            for p in read_pages(self.log_path)
+            if p.get("status") == "firing"
         }
         now = self.clock()
         for alert, run_id, first in sorted(fired, key=lambda f: f[2]):
