@@ -6,7 +6,7 @@ A drill is Google's "Wheel of Misfortune" with the game master replaced by a sea
     runwatch pager --follow                # pages arrive; each names its runbook
     runwatch ack HeldOutGap --comment "looking: train loss far below held-out"
     runwatch diagnose repeated_batch --step 300
-    runwatch postmortem                    # postmortem-<run>.md, with the timeline and the plate
+    runwatch postmortem                    # .runwatch/postmortem-<run>.md, with the timeline and the plate
 
 The incident and its onset (random in 240-360) are sealed in the run's directory; nothing on
 /metrics, the dashboards or the pages names them. An ack is what on-call tools built on
@@ -320,7 +320,7 @@ def postmortem(args: argparse.Namespace) -> int:
     grade = record.get("grade")
     if grade is None:
         raise UsageError("diagnose the drill first (`runwatch diagnose INCIDENT`): the timeline needs the truth")
-    out = args.out or Path(f"postmortem-{run_id}.md")
+    out = args.out or d.lab.state / f"postmortem-{run_id}.md"  # beside the drill, not in a checkout
     check_writable(out, "--out")
     events = timeline(d, record, grade)
     image = out.with_name(f"{out.stem}-plate.png")
@@ -455,5 +455,5 @@ def add_diagnose(p: argparse.ArgumentParser) -> Command:
 
 def add_postmortem(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
-    p.add_argument("--out", type=Path, default=None, help="Markdown file (default postmortem-RUN.md)")
+    p.add_argument("--out", type=Path, default=None, help="Markdown file (default STATE_DIR/postmortem-RUN.md)")
     return postmortem

@@ -45,7 +45,7 @@ from runwatch.files import write_atomic
 from runwatch.names import CONTROL_PORT, PORTS
 from runwatch.names import url as url_of
 from runwatch.paths import Layout, binary
-from runwatch.promserver import port_is_free, wait_ready
+from runwatch.promserver import PromQLError, instant, port_is_free, wait_ready
 from trainer.config import INCIDENTS, MAX_SEED, MAX_STEPS, ConfigError, TrainConfig, draw_drill
 from trainer.live import unique_run_id
 from trainer.sealed import seal
@@ -425,12 +425,33 @@ def down(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_state(lab: Lab) -> str | None:
+    """The lab's current run, as `status` tells it: its id, its last step as Prometheus holds it,
+    and whether it is still running or when it ended (its run.json)."""
+    meta = lab.state / "lab.json"
+    if not meta.exists():
+        return None
+    run_id = str(read_json(meta, "the lab's record").get("run_id"))
+    run_json = lab.runs / run_id / "run.json"
+    run = read_json(run_json, "the run's record") if run_json.exists() else {}
+    if run.get("status") in (None, "running"):
+        try:
+            found = instant(url_of("prometheus"), f'runwatch_train_step{{run_id="{run_id}"}}')
+            state = f"running, at step {int(float(found[0]['value'][1]))}" if found else "running, not yet scraped"
+        except (requests.RequestException, PromQLError):
+            state = "running (Prometheus cannot say at which step)"
+    else:
+        state = f"{run['status']} at {str(run.get('ended_at'))[11:19]} UTC, last step {run.get('last_step')}"
+    return f"run {run_id}: {state}"
+
+
 def status(args: argparse.Namespace) -> int:
     lab = Lab(args.state_dir)
     records = lab.records()
     if not records:
         print(f"no lab in {lab.state}: start one with `runwatch up`")
         return 3
+    print(run_state(lab) or f"no run recorded in {lab.state}")
     bad = 0
     for name, rec in records.items():
         if "damaged" in rec:

@@ -144,3 +144,18 @@ def test_a_torn_scoreboard_line_is_skipped(tmp_path):
     rows = [{"run_id": "a", "correct": True}, {"run_id": "b", "correct": False}]
     board.write_text(json.dumps(rows[0]) + '\n{"run_id": "c", "corr\n' + json.dumps(rows[1]) + "\n")
     assert scoreboard_line(board) == "scoreboard: 1/2 drills diagnosed correctly"
+
+
+def test_status_says_when_the_run_ended(tmp_path):
+    """After the run completes its trainer keeps serving (ready), so status says the run ended."""
+    state = tmp_path / "state"
+    (state / "pids").mkdir(parents=True)
+    (state / "pids" / "trainer.json").write_text(json.dumps({"pid": 2**22 + 1, "argv": ["gone"], "url": "u"}))
+    (state / "lab.json").write_text(json.dumps({"run_id": "none-0-120000", "started_at": 0}))
+    (state / "runs" / "none-0-120000").mkdir(parents=True)
+    run = {"run_id": "none-0-120000", "status": "completed", "ended_at": "2026-11-30T12:10:00.250+00:00",
+           "last_step": 599}  # fmt: skip
+    (state / "runs" / "none-0-120000" / "run.json").write_text(json.dumps(run))
+    res = runwatch("status", "--state-dir", str(state), cwd=tmp_path, timeout=60)
+    assert res.returncode == 1 and "EXITED" in res.stdout, res.stdout + res.stderr
+    assert res.stdout.startswith("run none-0-120000: completed at 12:10:00 UTC, last step 599\n")

@@ -149,6 +149,9 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
         and not re.search(r"(?<!\\)\]\(", forged[0])  # no link: its bracket is escaped
     )
     assert (tmp_path / "pm-plate.png").stat().st_size > 20_000
+    res = runwatch("postmortem", "--state-dir", str(state), cwd=tmp_path)  # by default, in the state dir
+    assert res.returncode == 0 and (state / f"postmortem-{run_id}.md").exists(), res.stderr
+    assert not list(tmp_path.glob("postmortem-*"))  # not in the directory it was run from (a checkout)
 
 
 def test_a_healthy_drill_graded_no_incident_is_correct(tmp_path, state):

@@ -75,11 +75,14 @@ def firing_in_prometheus(alert: str, run_id: str) -> bool:
 
 
 def test_status_reports_every_component_ready(lab):
+    step = f'runwatch_train_step{{run_id="{lab.run_id}"}}'
+    wait_for(lambda: instant(PROM, step), 30, "the first scrape of the run")  # before it, status says so
     res = runwatch("status", "--state-dir", str(lab.state), cwd=lab.cwd)
     assert res.returncode == 0, res.stdout
     for name in ("trainer", "control", "pager", "alertmanager", "prometheus"):
         assert f"{name}" in res.stdout
     assert res.stdout.count(" ready ") == 5
+    assert res.stdout.startswith(f"run {lab.run_id}: running, at step ")  # which run, and how far
 
 
 def test_corrupt_shard_pages_loss_and_gradient_norm_at_the_onset(lab):
