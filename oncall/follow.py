@@ -17,13 +17,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 from urllib.parse import urlencode, urlsplit
 from urllib.request import urlopen
 
-from oncall.pager import RUNBOOK_BASE, WATCHDOG_SILENT, WATCHDOG_TIMEOUT_S, make_server, read_pages, rfc3339_ms
+from oncall.pager import (
+    RUNBOOK_BASE,
+    WATCHDOG_SILENT,
+    WATCHDOG_TIMEOUT_S,
+    make_server,
+    read_pages,
+    received_time,
+    rfc3339_ms,
+)
 from runwatch.command import Parser, UsageError
 
 DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
@@ -91,10 +98,8 @@ def _page(line: bytes) -> dict[str, Any] | None:
 
 
 def _received(page: dict[str, Any]) -> float:
-    try:
-        return datetime.fromisoformat(str(page.get("received_at", "")).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return float("inf")  # an unreadable time is shown, never hidden
+    received = received_time(page)
+    return float("inf") if received is None else received  # an unreadable time is shown, never hidden
 
 
 def lab_started(log_path: Path) -> float | None:

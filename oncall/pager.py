@@ -60,6 +60,14 @@ def rfc3339_ms(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def received_time(page: dict[str, Any]) -> float | None:
+    """A page's received_at as a Unix time, or None if it is unreadable (a hand-edited line)."""
+    try:
+        return datetime.fromisoformat(str(page.get("received_at", "")).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def _string_map(value: Any, field: str) -> dict[str, str]:
     if not isinstance(value, dict):
         raise PayloadError(field, f"must be an object of string to string, got {type(value).__name__}")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import html
 import json
 import re
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import requests
 
-from oncall.pager import read_pages
+from oncall.pager import read_pages, received_time
 from runwatch import lab as lab_mod
 from runwatch import plate
 from runwatch.command import Command, UsageError, add_state_dir, check_writable, read_json
@@ -73,8 +72,7 @@ class Drill:
         """Hold the drill's lock: one ack or diagnosis at a time reads and rewrites drill.json."""
         if not self.path.exists():
             raise UsageError(f"no drill in {self.lab.state}: start one with `runwatch drill`")
-        with open(self.lab.state / "drill.lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        with self.lab.locked(wait=True, name="drill.lock"):
             yield
 
     def save(self, record: dict) -> None:
@@ -213,12 +211,7 @@ def first_page(lab: lab_mod.Lab, run_id: str, since: float) -> dict | None:
 
 
 def _t(page: dict | None) -> float | None:
-    if page is None:
-        return None
-    try:
-        return datetime.fromisoformat(str(page.get("received_at", "")).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    return None if page is None else received_time(page)
 
 
 def _delta(a: float | None, b: float | None) -> float | None:

@@ -247,12 +247,13 @@ class Lab:
             return None
 
     @contextlib.contextmanager
-    def locked(self, wait: bool) -> Iterator[None]:
+    def locked(self, wait: bool, name: str = "lab.lock") -> Iterator[None]:
         """Hold the state directory's lock while starting or stopping: two `up`s at once would
-        each clean up the other's components. `up` does not wait for it; `down` does."""
+        each clean up the other's components. `up` does not wait for it; `down` does. A drill's
+        acks and diagnosis hold another lock of the directory's, `drill.lock`."""
         try:
             self.state.mkdir(parents=True, exist_ok=True)
-            fh = open(self.state / "lab.lock", "a")  # noqa: SIM115 (held for the block)
+            fh = open(self.state / name, "a")  # noqa: SIM115 (held for the block)
         except OSError as err:
             raise UsageError(f"--state-dir: cannot use {self.state}: {err.strerror}") from None
         with fh:

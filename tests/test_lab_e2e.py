@@ -14,13 +14,12 @@ import json
 import subprocess
 import sys
 import time
-from datetime import datetime
 
 import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from oncall.pager import RUNBOOK_BASE, WATCHDOG_TIMEOUT_S, read_pages
+from oncall.pager import RUNBOOK_BASE, WATCHDOG_TIMEOUT_S, read_pages, received_time
 from runwatch.backtest import duration_seconds
 from runwatch.lab import Component, Lab
 from runwatch.promserver import instant, wait_ready
@@ -28,10 +27,6 @@ from tests.conftest import edit, runwatch, wait_for
 
 PROM = "http://127.0.0.1:9090"
 TRAINING_ALERTS = {"TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop"}
-
-
-def iso_time(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def pages(lab: Lab, run_id: str | None = None, alert: str | None = None, status: str = "firing") -> list[dict]:
@@ -219,7 +214,7 @@ def test_pager_metrics_count_the_pages(lab):
 
     def counts() -> tuple[dict, dict] | None:
         log = read_pages(lab.page_log)
-        before = [p for p in log if iso_time(p["received_at"]) >= started]
+        before = [p for p in log if received_time(p) >= started]
         families = text_string_to_metric_families(requests.get("http://127.0.0.1:9095/metrics", timeout=5).text)
         counted = {
             s.labels["status"]: s.value for f in families for s in f.samples if s.name == "runwatch_pager_pages_total"
