@@ -40,13 +40,14 @@ import psutil
 import requests
 
 from runwatch.check import checks, run_check
-from runwatch.command import DEFAULT_STATE, Command, UsageError, add_state_dir, flag, number, read_json
+from runwatch.command import DEFAULT_STATE, Command, UsageError, add_state_dir, flag, read_json
 from runwatch.files import write_atomic
 from runwatch.names import CONTROL_PORT, PORTS
 from runwatch.names import url as url_of
 from runwatch.paths import Layout, binary
 from runwatch.promserver import PromQLError, instant, port_is_free, wait_ready
-from trainer.config import INCIDENTS, MAX_SEED, MAX_STEPS, ConfigError, TrainConfig, draw_drill
+from runwatch.train import SEED, STEP  # the flags' ranges, as `runwatch train` has them
+from trainer.config import INCIDENTS, ConfigError, TrainConfig, draw_drill
 from trainer.live import unique_run_id
 from trainer.sealed import seal
 
@@ -66,8 +67,6 @@ ALERTMANAGER_FLAGS = [
 
 
 PY = [sys.executable, "-m", "runwatch"]  # our own commands, in this interpreter
-SEED = number(int, 0, MAX_SEED)  # the ranges of up's and drill's numeric flags
-STEP = number(int, 0, MAX_STEPS)
 
 
 def loopback(config: str) -> str:
