@@ -85,8 +85,22 @@ def format_page(page: dict[str, Any]) -> str:
         f"step={printable(page.get('step') or '-')}",
         *([summary] if summary else []),
         f"runbook: {printable(runbook_path(page))}",
+        *([f"rule: {printable(rule)}"] if (rule := rule_text(page)) else []),
     ]
     return "  ".join(fields)
+
+
+def rule_text(page: dict[str, Any]) -> str:
+    """The rule in force when the page came, as the pager stored it: "EXPR for 10s" ("" if unknown).
+
+    >>> rule_text({"rule": {"expr": "x > 2", "for": "10s"}}), rule_text({"rule": {"expr": "x > 3", "for": "0s"}})
+    ('x > 2 for 10s', 'x > 3')
+    """
+    rule = page.get("rule")
+    if not isinstance(rule, dict) or not rule.get("expr"):
+        return ""
+    expr, hold = " ".join(str(rule["expr"]).split()), str(rule.get("for", ""))
+    return expr if hold in ("", "0s") else f"{expr} for {hold}"
 
 
 def _page(line: bytes) -> dict[str, Any] | None:
@@ -282,6 +296,10 @@ def serve_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to append to (default {DEFAULT_LOG})")
     parser.add_argument("--runbooks", type=Path, default=DEFAULT_RUNBOOKS, help="folder served at /runbooks/")
     parser.add_argument(
+        "--prometheus", default="", metavar="URL",
+        help="Prometheus whose rules in force each page stores (default: none, pages carry no rule)",
+    )  # fmt: skip
+    parser.add_argument(
         "--watchdog-timeout", type=_seconds, default=WATCHDOG_TIMEOUT_S, metavar="SECONDS",
         help=f"page {WATCHDOG_SILENT} when the Watchdog heartbeat stops this long (default {WATCHDOG_TIMEOUT_S:g})",
     )  # fmt: skip
@@ -301,8 +319,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         server = make_server(
-            args.host, args.port, args.log, runbooks=args.runbooks, watchdog_timeout=args.watchdog_timeout
-        )
+            args.host, args.port, args.log, runbooks=args.runbooks, watchdog_timeout=args.watchdog_timeout,
+            prometheus=args.prometheus,
+        )  # fmt: skip
     except KeyboardInterrupt:  # stopped while loading the page log
         return 0
     except OSError as e:

@@ -33,18 +33,28 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
+from urllib.request import ProxyHandler, build_opener
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 # Runbooks are served by the pager itself, at the address it has in both worlds.
 RUNBOOK_BASE = "http://127.0.0.1:9095/runbooks"
-ROUTES = {"/webhook": "POST", "/watchdog": "POST", "/-/healthy": "GET", "/-/ready": "GET", "/metrics": "GET"}
+ROUTES = {
+    "/": "GET",
+    "/webhook": "POST",
+    "/watchdog": "POST",
+    "/-/healthy": "GET",
+    "/-/ready": "GET",
+    "/metrics": "GET",
+}
 STATUSES = ("firing", "resolved")
 RUNBOOK_NAME = re.compile(r"[A-Za-z0-9_-]+\.md")  # no slashes, no dots but the suffix: no way out of the folder
 DRAIN_LIMIT = 16 << 20  # bytes of an oversized body read and discarded so the client sees the 413
 WATCHDOG_SILENT = "WatchdogSilent"
 # Alertmanager repeats the Watchdog every 10 s (alertmanager.yml); three missed beats page.
 WATCHDOG_TIMEOUT_S = 30.0
+# How long a webhook waits for Prometheus's rules before storing its pages without them.
+RULES_TIMEOUT_S = 2.0
 
 
 class PayloadError(ValueError):
@@ -108,8 +118,47 @@ def validate_payload(payload: Any) -> list[dict[str, Any]]:
     return alerts
 
 
-def page_record(alert: dict[str, Any], received_at: str) -> dict[str, Any]:
-    """Turn one validated alert into the page record stored as one line of the page log."""
+def rules_in_force(prometheus: str, timeout: float = RULES_TIMEOUT_S) -> dict[str, dict[str, str]]:
+    """Each alerting rule's expression and `for:` as Prometheus holds them now, by alert name.
+
+    A page stores its alert's rule, so it quotes the threshold that fired it, whatever a
+    description says and however the rule is edited later. Empty if Prometheus does not
+    answer within timeout: pages are stored all the same, without their rule.
+
+        >>> rules_in_force("http://127.0.0.1:9090")["HeldOutGap"]
+        {'expr': 'run:runwatch_train_heldout_to_train_loss:ratio20s > 2', 'for': '10s'}
+    """
+    if not prometheus:
+        return {}
+    # In a thread, so that the whole lookup, name resolution included (which a socket timeout
+    # does not bound, and which Podman's DNS can stall for seconds), delays pages by at most
+    # timeout. A lookup still running then finishes on its own and is dropped.
+    found: dict[str, dict[str, str]] = {}
+    lookup = threading.Thread(target=_read_rules, args=(prometheus, timeout, found), daemon=True)
+    lookup.start()
+    lookup.join(timeout)
+    return dict(found) if not lookup.is_alive() else {}
+
+
+def _read_rules(prometheus: str, timeout: float, found: dict[str, dict[str, str]]) -> None:
+    opener = build_opener(ProxyHandler({}))  # the lab's Prometheus is local: never through a proxy
+    try:
+        with opener.open(f"{prometheus.rstrip('/')}/api/v1/rules?type=alert", timeout=timeout) as resp:
+            groups = json.loads(resp.read())["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"] if r.get("type") == "alerting"]
+        read: dict[str, dict[str, str]] = {}
+        for r in rules:  # an alert name in two groups: the first, as Prometheus lists them
+            read.setdefault(str(r["name"]), {"expr": str(r["query"]), "for": f"{float(r.get('duration', 0)):g}s"})
+    except (OSError, ValueError, KeyError, TypeError):  # OSError covers URLError and timeouts
+        return
+    found.update(read)
+
+
+def page_record(alert: dict[str, Any], received_at: str, rule: dict[str, str] | None = None) -> dict[str, Any]:
+    """Turn one validated alert into the page record stored as one line of the page log.
+
+    rule: the alert's rule in force when the page came ({"expr", "for"}), None if unknown.
+    """
     labels, annotations = alert["labels"], alert.get("annotations", {})
     return {
         "received_at": received_at,
@@ -121,6 +170,7 @@ def page_record(alert: dict[str, Any], received_at: str) -> dict[str, Any]:
         "summary": annotations.get("summary", ""),
         "description": annotations.get("description", ""),
         "runbook_url": annotations.get("runbook_url", ""),
+        "rule": rule,
         "fingerprint": alert["fingerprint"],
         "starts_at": alert["startsAt"],
         "ends_at": alert.get("endsAt", ""),
@@ -337,6 +387,7 @@ class PagerServer(ThreadingHTTPServer):
         self.log, self.metrics, self.registry = log, metrics, registry
         self.max_body, self.clock = max_body, clock
         self.runbooks: Path | None = None
+        self.prometheus = ""  # where the rules in force are read; "" stores pages without them
         self.watchdog = Watchdog(WATCHDOG_TIMEOUT_S)
 
     def server_close(self) -> None:
@@ -407,6 +458,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self) -> None:
         path = urlsplit(self.path).path
+        if path in ("/runbooks", "/runbooks/") and self.command in ("GET", "HEAD"):
+            return self._runbook("README.md")  # the runbooks' own index
         if path.startswith("/runbooks/") and self.command in ("GET", "HEAD"):
             return self._runbook(path.removeprefix("/runbooks/"))
         if path not in ROUTES:
@@ -417,6 +470,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._webhook(watchdog=path == "/watchdog")
         elif path == "/metrics":
             self._reply(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+        elif path == "/":
+            self._reply(200, self._index())
         elif path == "/-/ready" and self.server.log.error is not None:
             # Not ready while pages cannot be stored: Alertmanager's retries keep them meanwhile.
             self._reply(503, f"Not ready: {self.server.log.error}\n".encode(errors="backslashreplace"))
@@ -424,6 +479,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, b"OK\n")
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _route  # noqa: N815 (http.server's names)
+
+    def _index(self) -> bytes:
+        """What a browser opening the pager's address reads: its routes and its runbooks."""
+        folder = self.server.runbooks
+        names = sorted(p.name for p in folder.glob("*.md") if RUNBOOK_NAME.fullmatch(p.name)) if folder else []
+        lines = ["runwatch pager: Alertmanager's webhook receiver and the lab's page log.", ""]
+        lines += [f"  {method:4s} {route}" for route, method in ROUTES.items() if route != "/"]
+        lines += ["", "Runbooks:", *(f"  {RUNBOOK_BASE}/{name}" for name in names)]
+        lines += ["", "Pages: `runwatch pager` (or --follow) prints them, with their runbooks."]
+        return ("\n".join(lines) + "\n").encode()
 
     def _runbook(self, name: str) -> None:
         """Serve runbooks/<AlertName>.md, so dashboards and pages can link to them."""
@@ -466,7 +531,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server.metrics.watchdog.set(now)
                 records = [r for r in [self.server.watchdog.beat(now)] if r is not None]
         else:
-            records = [page_record(a, rfc3339_ms(now)) for a in alerts]
+            rules = rules_in_force(self.server.prometheus) if alerts else {}
+            records = [page_record(a, rfc3339_ms(now), rules.get(a["labels"].get("alertname", ""))) for a in alerts]
         try:
             stored, duplicates = self.server.record_pages(records, now)
         except OSError as e:
@@ -484,6 +550,7 @@ def make_server(
     clock: Callable[[], float] = time.time,
     runbooks: Path | None = None,
     watchdog_timeout: float = WATCHDOG_TIMEOUT_S,
+    prometheus: str = "",
 ) -> PagerServer:
     """Load the page log and bind the pager to host:port (0 picks a free port); call serve_forever() to run it.
 
@@ -501,5 +568,6 @@ def make_server(
     server = PagerServer((host, port), log, metrics, registry, max_body, clock)
     server.runbooks = runbooks  # GET /runbooks/<Alert>.md serves this folder's runbooks
     server.watchdog.timeout = watchdog_timeout
+    server.prometheus = prometheus  # each page stores its alert's rule in force, read from here
     threading.Thread(target=server.watch, args=(server.stopped,), name="watchdog", daemon=True).start()
     return server

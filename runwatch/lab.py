@@ -4,7 +4,7 @@
 
     trainer      http://127.0.0.1:8000/metrics   (runwatch train)
     pager        http://127.0.0.1:9095           (runwatch pager-serve)
-    Alertmanager http://127.0.0.1:9093           (alertmanager or Debian's prometheus-alertmanager)
+    Alertmanager http://127.0.0.1:9093/api/v2/alerts (alertmanager or Debian's prometheus-alertmanager)
     Prometheus   http://127.0.0.1:9090           (prometheus, with --web.enable-lifecycle)
 
 Everything it keeps lives in one state directory (default ./.runwatch): Prometheus's TSDB,
@@ -39,7 +39,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from runwatch.check import checks, run_check
+from runwatch.check import run_all
 from runwatch.command import DEFAULT_STATE, Command, UsageError, add_state_dir, flag, read_json
 from runwatch.files import write_atomic
 from runwatch.names import CONTROL_PORT, PORTS
@@ -178,14 +178,15 @@ class Lab:
 
     def _pager(self) -> Component:
         argv = [*PY, "pager-serve", "--port", str(PORTS["pager"]), "--log", str(self.page_log)]
-        argv += ["--runbooks", str(self.layout.runbooks_dir)]
+        argv += ["--runbooks", str(self.layout.runbooks_dir), "--prometheus", url_of("prometheus")]
         return self._serving("pager", argv, PORTS["pager"], "/metrics")
 
     def _alertmanager(self) -> Component:
         argv = [binary("alertmanager"), f"--config.file={self.alertmanager_yml}"]
         argv += [f"--storage.path={self.state / 'alertmanager-data'}"]
         argv += [f"--web.listen-address=127.0.0.1:{PORTS['alertmanager']}", *ALERTMANAGER_FLAGS]
-        return self._serving("alertmanager", argv, PORTS["alertmanager"])
+        # its API: Debian's Alertmanager has no web UI, and its root page says only that
+        return self._serving("alertmanager", argv, PORTS["alertmanager"], "/api/v2/alerts")
 
     def _prometheus(self) -> Component:
         argv = [binary("prometheus"), f"--config.file={self.prometheus_dir / 'prometheus.yml'}"]
@@ -477,12 +478,11 @@ def reload(args: argparse.Namespace) -> int:
     lab = Lab(args.state_dir)
     meta = lab.state / "lab.json"
     lab.layout = Layout(Path(str(read_json(meta, "the lab's record").get("root")))) if meta.exists() else Layout()
-    for check in checks(lab.layout):
-        ok, output = run_check(check, lab.layout.root)
+    for check, ok, lines in run_all(lab.layout):
         if not ok:
             names = " ".join(str(f) for f in check.files)
             print(f"runwatch reload: refused, {check.name} failed; the running lab keeps its old config:\n  {names}")
-            print("\n".join("      " + line for line in output.splitlines()))
+            print("\n".join("      " + line for line in lines))
             return 1
     lab.render_alertmanager_config()
     for name in ("prometheus", "alertmanager"):

@@ -13,11 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from oncall.follow import follow, format_page, main, serve_main
-from oncall.pager import make_server, read_pages
+from oncall.pager import RULES_TIMEOUT_S, make_server, read_pages
+from runwatch.paths import REPO
+from runwatch.promserver import Process, free_port
+from tests.conftest import need
 
 NOW = 1714564805.25  # 2024-05-01T12:00:05.250Z
 STARTS_AT = "2024-05-01T12:00:00Z"
@@ -128,6 +132,7 @@ def test_firing_notification_is_stored_once_with_all_fields(start):
         "summary": a["annotations"]["summary"],
         "description": a["annotations"]["description"],
         "runbook_url": "runbooks/TrainingLossJump.md",
+        "rule": None,  # this pager was given no Prometheus to read rules from
         "fingerprint": FINGERPRINT,
         "starts_at": STARTS_AT,
         "ends_at": "0001-01-01T00:00:00Z",
@@ -137,6 +142,76 @@ def test_firing_notification_is_stored_once_with_all_fields(start):
     assert pager.sample("runwatch_pager_notifications_total") == 1
     assert pager.sample("runwatch_pager_pages_total", status="firing") == 1
     assert pager.sample("runwatch_pager_last_page_timestamp_seconds") == NOW
+
+
+# --- the rule in force: a page quotes the threshold that fired it ---
+
+
+@pytest.fixture
+def rules_prometheus(tmp_path):
+    """A real Prometheus loading a copy of the project's rules, HeldOutGap edited to 2.5 for 20s."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    for f in (REPO / "prometheus" / "rules").glob("*.yml"):
+        (rules / f.name).write_text(f.read_text())
+    alerts = rules / "alerts.yml"
+    shipped = "expr: run:runwatch_train_heldout_to_train_loss:ratio20s > 2\n        for: 10s"
+    assert shipped in alerts.read_text()
+    alerts.write_text(alerts.read_text().replace(shipped, shipped.replace("> 2", "> 2.5").replace("10s", "20s")))
+    (tmp_path / "prometheus.yml").write_text(f"rule_files: ['{rules}/*.yml']\n")
+    port = free_port()
+    argv = [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"]  # fmt: skip
+    with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / "prometheus.log"):
+        yield f"http://127.0.0.1:{port}", alerts, shipped
+
+
+def held_out_gap(starts_at: str) -> dict:
+    page = alert(starts_at=starts_at, fingerprint="0ddba11")
+    page["labels"]["alertname"] = "HeldOutGap"
+    return page
+
+
+def test_a_page_stores_the_rule_in_force_and_follows_an_edit(start, rules_prometheus, tmp_path):
+    """The threshold and `for:` Prometheus evaluates when the page comes, not the shipped ones:
+    the descriptions quote no threshold, and the page line prints the rule."""
+    base, alerts, shipped = rules_prometheus
+    pager = start(prometheus=base)
+    assert pager.post(payload(held_out_gap("2024-05-01T12:00:00Z")))[0] == 200
+    [edited] = read_pages(pager.log_path)
+    assert edited["rule"] == {"expr": "run:runwatch_train_heldout_to_train_loss:ratio20s > 2.5", "for": "20s"}
+    assert format_page(edited).endswith("rule: run:runwatch_train_heldout_to_train_loss:ratio20s > 2.5 for 20s")
+
+    alerts.write_text(alerts.read_text().replace(shipped.replace("> 2", "> 2.5").replace("10s", "20s"), shipped))
+    requests.post(f"{base}/-/reload", timeout=10).raise_for_status()
+    assert pager.post(payload(held_out_gap("2024-05-01T12:05:00Z")))[0] == 200
+    restored = read_pages(pager.log_path)[-1]
+    assert restored["rule"] == {"expr": "run:runwatch_train_heldout_to_train_loss:ratio20s > 2", "for": "10s"}
+    assert edited["rule"]["expr"].endswith("> 2.5")  # the first page keeps what fired it
+
+    # An alert Prometheus has no rule for (posted by hand): stored, with no rule to quote.
+    forged = held_out_gap("2024-05-01T12:06:00Z")
+    forged["labels"]["alertname"] = "NoSuchAlert"
+    pager.post(payload(forged))
+    assert read_pages(pager.log_path)[-1]["rule"] is None
+    assert "rule:" not in format_page(read_pages(pager.log_path)[-1])
+
+
+def test_a_prometheus_that_does_not_answer_delays_pages_at_most_the_rules_timeout(start):
+    """A Prometheus that accepts the connection and never answers: the page is stored without
+    its rule once RULES_TIMEOUT_S has passed, and the webhook answers 200."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    try:
+        pager = start(prometheus=f"http://127.0.0.1:{silent.getsockname()[1]}")
+        began = time.monotonic()
+        assert pager.post(payload()) == (200, {"stored": 1, "duplicates": 0})
+        waited = time.monotonic() - began
+    finally:
+        silent.close()
+    assert read_pages(pager.log_path)[0]["rule"] is None
+    assert RULES_TIMEOUT_S * 0.9 <= waited < 10  # the client's own timeout: it never waits for Prometheus
 
 
 def test_resent_notification_is_deduplicated(start):
@@ -475,6 +550,13 @@ def test_runbooks_are_served_and_nothing_outside_them(tmp_path):
     try:
         with urllib.request.urlopen(f"{base}/runbooks/HeldOutGap.md") as resp:
             assert resp.status == 200 and b"# HeldOutGap" in resp.read()
+        # The folder's address opens its index; the pager's own address lists routes and runbooks.
+        for index in ("/runbooks", "/runbooks/"):
+            with urllib.request.urlopen(f"{base}{index}") as resp:
+                assert resp.status == 200 and b"runbook" in resp.read().lower()
+        with urllib.request.urlopen(f"{base}/") as resp:
+            root = resp.read().decode()
+        assert "POST /webhook" in root and "http://127.0.0.1:9095/runbooks/HeldOutGap.md" in root
         for bad in ("../README.md", "..%2FREADME.md", "Nope.md", "HeldOutGap.txt"):
             with pytest.raises(urllib.error.HTTPError) as err:
                 urllib.request.urlopen(f"{base}/runbooks/{bad}")
