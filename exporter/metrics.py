@@ -15,7 +15,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -33,6 +34,8 @@ TOKENS = "runwatch_train_tokens"  # a counter: exposed as runwatch_train_tokens_
 TOKENS_PER_SECOND = "runwatch_train_tokens_per_second"
 STEP_DURATION = "runwatch_train_step_duration_seconds"
 RUN_INFO = "runwatch_train_run_info"
+RUN_START = "runwatch_train_run_start_time_seconds"
+RUN_END = "runwatch_train_run_end_time_seconds"
 INCIDENT_ACTIVE = "runwatch_train_incident_active"
 # Lesson 20's early-warning signals
 LOGIT_NORM_MEAN = "runwatch_train_logit_norm_mean"
@@ -53,6 +56,8 @@ HELP = {
     TOKENS_PER_SECOND: "Tokens per second of the last step, measured from the wall clock around it.",
     STEP_DURATION: "Wall-clock duration of each training step, in seconds.",
     RUN_INFO: "Constant 1, labelled with the run's id, seed and incident (hidden in a drill).",
+    RUN_START: "Unix time at which this run started (the dashboards list the newest run first).",
+    RUN_END: "Unix time at which this run finished its last step; absent while it runs.",
     INCIDENT_ACTIVE: "1 while the injected incident acts on the current step, else 0.",
     LOGIT_NORM_MEAN: "Mean L2 norm of the last batch's logits, the final layer's activations.",
     LOGIT_NORM_MAX: "Largest L2 norm of one example's logits in the last batch.",
@@ -89,6 +94,7 @@ class TrainerMetrics(Collector):
         drill: bool = False,
         registry: CollectorRegistry | None = None,
         precision: str = "fp64",
+        clock: Callable[[], float] = time.time,
     ):
         self.registry = registry if registry is not None else CollectorRegistry()
         self.run_id, self.seed, self.drill, self.precision = run_id, seed, drill, precision
@@ -102,6 +108,8 @@ class TrainerMetrics(Collector):
         self._finished = False
         self._skipped = 0
         self._checkpoint_step: int | None = None
+        self._clock = clock
+        self._started_at, self._ended_at = clock(), None
         self.registry.register(self)
 
     def observe(self, rec: StepRecord, tokens_per_second: float, wall_seconds: float | None = None) -> None:
@@ -121,13 +129,16 @@ class TrainerMetrics(Collector):
             self._checkpoint_step = step
 
     def finish(self) -> None:
-        """The run is over: stop publishing per-step series, so Prometheus marks them stale.
+        """The run is over: stop publishing per-step values, so Prometheus marks them stale.
 
         Alerts on a finished run then resolve instead of judging its last values forever.
-        run_info, the token counter and the step-duration histogram stay.
+        The step stays (the last one is a fact, and a scrape may not have seen it before the
+        run ended), with run_info, the start and end times, the token counter and the
+        step-duration histogram.
         """
         with self._lock:
             self._finished = True
+            self._ended_at = self._clock()
 
     def add_tokens(self, tokens: int) -> None:
         """Count tokens processed without publishing a step (the fast-forwarded prefix)."""
@@ -139,6 +150,7 @@ class TrainerMetrics(Collector):
             rec, tps, tokens = self._last, self._tokens_per_second, self._tokens
             buckets, duration_sum = list(self._buckets), self._duration_sum
             finished, skipped, checkpoint = self._finished, self._skipped, self._checkpoint_step
+            started_at, ended_at = self._started_at, self._ended_at
         run = [self.run_id]
 
         def gauge(name: str, value: float) -> GaugeMetricFamily:
@@ -149,6 +161,9 @@ class TrainerMetrics(Collector):
         info = GaugeMetricFamily(RUN_INFO, HELP[RUN_INFO], labels=["run_id", "seed", "incident"])
         info.add_metric([self.run_id, str(self.seed), self.incident], 1)
         yield info
+        yield gauge(RUN_START, started_at)
+        if ended_at is not None:
+            yield gauge(RUN_END, ended_at)
         counter = CounterMetricFamily(TOKENS, HELP[TOKENS], labels=["run_id"])
         counter.add_metric(run, tokens)
         yield counter
@@ -163,9 +178,11 @@ class TrainerMetrics(Collector):
             yield skipped_family
         if checkpoint is not None:
             yield gauge(CHECKPOINT_STEP, checkpoint)
-        if rec is None or finished:  # nothing trained yet, or the run is over
+        if rec is None:  # nothing trained yet
             return
         yield gauge(STEP, rec.step)
+        if finished:  # the run is over: no value left for an alert to judge
+            return
         yield gauge(LOSS, rec.loss)
         yield gauge(HELDOUT_LOSS, rec.heldout_loss)
         yield gauge(GRADIENT_NORM, rec.gradient_norm)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries, trend
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
@@ -39,7 +39,7 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
-from runwatch.names import PLATE_ALERTS, url
+from runwatch.names import FIRST_FIRED, PLATE_ALERTS, url
 
 OUT = Path(__file__).with_name("dashboards")
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="runwatch-prometheus")
@@ -65,15 +65,27 @@ DASH = "—"
 
 
 def first_fire(alert: str, run_filter: str) -> str:
-    """The trainer's step at the first evaluation where `alert` was firing, over the dashboard range."""
-    sel = f'ALERTS{{alertname="{alert}",alertstate="firing"{"," + run_filter if run_filter else ""}}}'
-    step = f"runwatch_train_step{{{run_filter}}}" if run_filter else "runwatch_train_step"
-    return f"min_over_time(({step} and on(run_id) {sel})[$__range:1s])"
+    """The step at which `alert` first fired, as alerts.yml's rule recorded it when it fired.
+
+    A fact written once, so it reads the same at any time range and in every view (the pages'
+    `step` is read at the same evaluation). The record is carried forward at every evaluation,
+    so the range only has to reach back to any moment after the alert fired.
+    """
+    sel = f'alertname="{alert}"' + (f",{run_filter}" if run_filter else "")
+    return f"last_over_time({FIRST_FIRED}{{{sel}}}[$__range])"
 
 
 def readout(alert: str) -> str:
     """first_fire for the selected run, or NEVER: every alert keeps its place on the stat panel."""
     return f"{first_fire(alert, RUN)} or on() vector({NEVER})"
+
+
+# The loss panels' held-out dots are the samples taken at a step divisible by 10, so they need
+# Prometheus's points 1 s apart: a 1 s minimum interval, and enough points for Grafana to keep
+# it (it divides the range by maxDataPoints). Prometheus serves at most 11,000 points per
+# series, so the dots are all there for ranges up to about 3 hours (README, Limits).
+DOT_INTERVAL = "1s"
+DOT_MAX_POINTS = 11000
 
 
 def series_panel(title: str, description: str) -> timeseries.Panel:
@@ -105,14 +117,22 @@ def dashed(name: str) -> list[DynamicConfigValue]:
 
 
 def run_variable() -> db.QueryVariable:
-    """$run: every run Prometheus holds."""
+    """$run: every run Prometheus holds over the range, the newest first, so it is the default.
+
+    Ordered by each run's start time, as Prometheus sorts them (Grafana keeps the order when the
+    variable's sort is disabled). Run ids sort by incident first, so no sort of names would do.
+    """
     return (
         db.QueryVariable("run")
         .label("Run")
         .datasource(PROMETHEUS)
-        .query("label_values(runwatch_train_run_info, run_id)")
+        .query(
+            "query_result(sort_desc(max by (run_id) "
+            "(last_over_time(runwatch_train_run_start_time_seconds[$__range]))))"
+        )
+        .regex('/run_id="([^"]+)"/')
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(VariableSort.ALPHABETICAL_DESC)
+        .sort(VariableSort.DISABLED)
     )
 
 
@@ -149,6 +169,54 @@ def annotations() -> list[db.AnnotationQuery]:
     return [incident, firing, checkpoints]
 
 
+# A dot where held-out was evaluated (every 10 steps), as on the plate.
+HELDOUT_DOTS = f"runwatch_train_heldout_loss{{{RUN}}} and on(run_id) (runwatch_train_step{{{RUN}}} % 10 == 0)"
+EXPECTED = "expected (power law fitted to early steps)"
+
+
+def loss_by_step() -> trend.Panel:
+    """The plate's loss panel with the plate's x axis: the training step, not wall time.
+
+    Grafana's trend panel draws against a numeric field that increases: the step, joined to
+    each curve by time (one row per scrape). A slow node's steps are as wide as a healthy run's
+    here, and a restarted run's steps do not stretch across the gap.
+    """
+    return (
+        trend.Panel()
+        .title("Training loss by step (the plate's x axis)")
+        .description(
+            "The loss panel against the training step, as the plate draws it: training loss (thin), "
+            "held-out loss every 10 steps (dots), and the expected curve (dashed)."
+        )
+        .datasource(PROMETHEUS)
+        .with_target(query(f"runwatch_train_step{{{RUN}}}", "step", "STEP"))
+        .with_target(query(f"runwatch_train_loss{{{RUN}}}", "training loss", "A"))
+        .with_target(query(HELDOUT_DOTS, "held-out loss", "B"))
+        .with_target(query(f"runwatch_train_expected_loss{{{RUN}}}", EXPECTED, "C"))
+        .with_transformation(DataTransformerConfig(id_val="joinByField", options={"byField": "Time", "mode": "outer"}))
+        .x_field("step")
+        # the SDK's trend builder hides the legend, which Grafana shows on a time series by default
+        .legend(
+            cb.VizLegendOptions()
+            .show_legend(True)
+            .display_mode(common.LegendDisplayMode.LIST)
+            .placement(common.LegendPlacement.BOTTOM)
+        )
+        .line_width(1)
+        .fill_opacity(0)
+        .show_points(common.VisibilityMode.NEVER)
+        .span_nulls(True)
+        .override_by_name("held-out loss", points("held-out loss"))
+        .override_by_name(EXPECTED, dashed("expected"))
+        .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
+        .unit("none")
+        .interval(DOT_INTERVAL)
+        .max_data_points(DOT_MAX_POINTS)
+        .height(8)
+        .span(12)
+    )
+
+
 def curves() -> list[timeseries.Panel]:
     """The plate's curves: loss with held-out dots and the expected curve, gradient norm, throughput."""
     loss = (
@@ -158,19 +226,14 @@ def curves() -> list[timeseries.Panel]:
             "10 steps. A repeated batch shows as training loss far below held-out.",
         )
         .with_target(query(f"runwatch_train_loss{{{RUN}}}", "training loss", "A"))
-        # a dot where held-out was evaluated (every 10 steps), as on the plate
-        .with_target(
-            query(
-                f"runwatch_train_heldout_loss{{{RUN}}} and on(run_id) (runwatch_train_step{{{RUN}}} % 10 == 0)",
-                "held-out loss",
-                "B",
-            )
-        )
-        .with_target(query(f"runwatch_train_expected_loss{{{RUN}}}", "expected (power law fitted to early steps)", "C"))
+        .with_target(query(HELDOUT_DOTS, "held-out loss", "B"))
+        .with_target(query(f"runwatch_train_expected_loss{{{RUN}}}", EXPECTED, "C"))
         .override_by_name("held-out loss", points("held-out loss"))
-        .override_by_name("expected (power law fitted to early steps)", dashed("expected"))
+        .override_by_name(EXPECTED, dashed("expected"))
         .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
         .unit("none")
+        .interval(DOT_INTERVAL)
+        .max_data_points(DOT_MAX_POINTS)
     )
     grad = (
         series_panel(
@@ -204,7 +267,38 @@ def curves() -> list[timeseries.Panel]:
         .override_by_name("alert threshold (0.8x baseline)", dashed("alert threshold (0.8x baseline)"))
         .unit("short")
     )
-    return [loss, grad, throughput]
+    return [loss, loss_by_step(), grad, throughput]
+
+
+def run_panel() -> stat.Panel:
+    """Which run this is, how far it got, and whether and when it ended."""
+    when = [DynamicConfigValue(id_val="unit", value="dateTimeAsIso")]
+    return (
+        stat.Panel()
+        .title("Run")
+        .description(
+            "The selected run's last step in Prometheus, when it started and, once it has finished its last "
+            "step, when it ended. A run that stopped without finishing has no end: see TrainerDown."
+        )
+        .datasource(PROMETHEUS)
+        .decimals(0)
+        .color_mode(common.BigValueColorMode.NONE)
+        .text_mode(common.BigValueTextMode.VALUE_AND_NAME)
+        .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .with_target(query(f"last_over_time(runwatch_train_step{{{RUN}}}[$__range])", "step", "A", instant=True))
+        .with_target(
+            query(f"last_over_time(runwatch_train_run_start_time_seconds{{{RUN}}}[$__range]) * 1000", "started", "B",
+                  instant=True)
+        )
+        .with_target(
+            query(f"last_over_time(runwatch_train_run_end_time_seconds{{{RUN}}}[$__range]) * 1000", "ended", "C",
+                  instant=True)
+        )
+        .override_by_name("started", when)
+        .override_by_name("ended", when)
+        .height(4)
+        .span(12)
+    )  # fmt: skip
 
 
 def readouts_panel() -> stat.Panel:
@@ -212,7 +306,10 @@ def readouts_panel() -> stat.Panel:
     readouts = (
         stat.Panel()
         .title("Readouts: step at which each alert first fired")
-        .description("Computed in PromQL from the ALERTS series over the dashboard's time range; '—' never fired.")
+        .description(
+            "The step each alert first fired at, recorded once by alerts.yml when it fired (the page's step); "
+            "'—' never fired."
+        )
         .datasource(PROMETHEUS)
         .no_value(DASH)
         .decimals(0)
@@ -353,7 +450,7 @@ def watching_a_run() -> db.Dashboard:
     )
     for annotation in annotations():
         dash = dash.annotation(annotation)
-    for panel in [*curves(), readouts_panel(), every_run_panel(), *alert_panels()]:
+    for panel in [run_panel(), *curves(), readouts_panel(), every_run_panel(), *alert_panels()]:
         dash = dash.with_panel(panel)
     dash = dash.with_row(db.Row("Stability (Lesson 20): early warnings, in fp16 runs"))
     for panel in stability_panels():

@@ -14,6 +14,9 @@ TARGET_ALERTS = ("TrainerDown",)
 META_ALERTS = ("Watchdog", "PagerDown", "AlertmanagerNotificationsFailing", "RuleEvaluationFailing")
 # The rule group of the lab's own health: a backtest runs no Alertmanager or pager, so it skips it.
 META_GROUP = "runwatch-meta"
+# The step at which each alert first fired in each run, recorded once by a rule of alerts.yml:
+# every readout (dashboards, `runwatch plate`) reads this one series.
+FIRST_FIRED = "run_alert:runwatch_train_step:first_fired"
 
 # --- components: each one's port, the same natively (on 127.0.0.1) and published by compose ---
 PORTS = {"trainer": 8000, "pager": 9095, "alertmanager": 9093, "prometheus": 9090}

@@ -5,7 +5,8 @@
 It runs the very queries of grafana/dashboards/watching-a-run.json (one source of truth for
 the PromQL) and lays them out as the plate does: training loss (thin) and held-out loss (dots),
 gradient norm with its alert threshold, throughput, the incident window shaded, and the
-readouts (the step at which each alert first fired) written on the figure. The x axis is the
+readouts (the step at which each alert first fired, as alerts.yml recorded it) written on the
+figure and marked on every panel by a dotted line. The x axis is the
 training step, read from runwatch_train_step at each query time.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,9 @@ from runwatch.files import write_atomic
 from runwatch.names import url
 from runwatch.paths import Layout
 from runwatch.promserver import PromQLError, instant, query_range
+
+# Colours of the dotted marks where alerts first fired, in order of firing.
+MARKS = ("tab:purple", "tab:orange", "tab:green", "tab:brown", "tab:pink", "tab:olive")
 
 PANELS = {
     "loss": "Training loss (thin) and held-out loss (dots)",
@@ -46,7 +51,7 @@ class PlateData:
 
 
 def latest_run(base: str) -> str:
-    found = instant(base, "max by (run_id) (timestamp(runwatch_train_step))")
+    found = instant(base, "max by (run_id) (runwatch_train_run_start_time_seconds)")  # the newest start
     if not found:
         raise UsageError("--run: Prometheus holds no run yet; start one with `runwatch up`")
     return max(found, key=lambda s: float(s["value"][1]))["metric"]["run_id"]
@@ -54,8 +59,8 @@ def latest_run(base: str) -> str:
 
 def collect(base: str, run_id: str, since_s: float, now: float | None = None) -> PlateData:
     """Run the dashboard's queries for one run over the last since_s seconds."""
-    end = now if now is not None else time.time()
-    start = end - since_s
+    end = math.floor(now if now is not None else time.time())  # whole seconds, as the panels' 1 s steps
+    start = end - math.ceil(since_s)
     dash = dq.load(Layout().dashboards_dir / "watching-a-run.json")
     variables = {"run": run_id}
     step_series = query_range(base, f'runwatch_train_step{{run_id="{run_id}"}}', start, end, 1.0)
@@ -113,6 +118,7 @@ def draw(data: PlateData, out: Path) -> None:
     readouts = "   ".join(f"{a} {'—' if s is None else s}" for a, s in data.readouts.items())
     fig.suptitle(f"Watching a Run: {data.run_id}\nfirst fired at step:  {readouts}", fontsize=11, x=0.01, ha="left")
     styles = {"held-out loss": dict(marker="o", linestyle="none", markersize=5)}
+    fired = sorted(((a, s) for a, s in data.readouts.items() if s is not None), key=lambda a_s: a_s[1])
     for ax, key, ylabel in zip(
         axes, ("loss", "grad", "throughput"), ("loss (nats)", "gradient norm", "tokens/s"), strict=True
     ):
@@ -123,6 +129,13 @@ def draw(data: PlateData, out: Path) -> None:
                 ax.plot(xs, ys, label=legend, **style)
         for lo, hi in data.incident:
             ax.axvspan(lo, hi + 1, color="red", alpha=0.12, label="incident" if key == "loss" else None)
+        for (alert, step), color in zip(fired, MARKS, strict=False):
+            ax.axvline(step, color=color, linestyle=":", linewidth=1.2)
+            if key == "loss":  # name each mark once, at the top of the figure
+                ax.annotate(
+                    f"{alert} {step}", (step, 1), xycoords=("data", "axes fraction"), xytext=(2, -2),
+                    textcoords="offset points", rotation=90, va="top", fontsize=7, color=color,
+                )  # fmt: skip
         ax.set_ylabel(ylabel)
         ax.legend(loc="upper right", fontsize=8)
         ax.grid(alpha=0.3)

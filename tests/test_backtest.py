@@ -1,6 +1,7 @@
 """`runwatch backtest` through a real Prometheus: the plate's signatures, its output, its failures."""
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runwatch.backtest import duration_seconds, parse_seeds
+from runwatch.backtest import duration_seconds, parse_seeds, report
 from runwatch.command import UsageError
 from runwatch.paths import REPO
 from tests.conftest import edit, wait_for
@@ -188,3 +189,20 @@ def test_mixed_precision_backtest_reports_the_new_alerts_lead(tmp_path):
     assert -4 <= lead["LossScaleCollapse"]["median_lead"] <= 0
     assert summary["false_alarms"] == []
     assert "steps before TrainingLossJump" in res.stdout
+    # The readout table: every cell is set off by two spaces, however wide (an fp16 cell such as
+    # "301.5 (300-355) 18/100 [-]" used to run into its neighbour).
+    header, *rows = [ln for ln in res.stdout.splitlines() if ln.startswith(("incident ", "none ", "lr_spike "))]
+    columns = len(re.split(r"\s{2,}", header.strip()))
+    assert columns == 2 + len(summary["incidents"]["none"]["alerts"]), header
+    for row in rows:
+        assert len(re.split(r"\s{2,}", row.strip())) == columns, row
+
+
+def test_the_readout_table_keeps_two_spaces_between_wide_cells():
+    cell = {"fired": 18, "runs": 100, "median": 301.5, "min": 300, "max": 355, "plate": None}
+    summary = {
+        "incidents": {"lr_spike": {"runs": 100, "signature_matched": 100, "alerts": {"A": cell, "B": cell}}},
+        "false_alarms": [], "off_steps": [], "missed": [], "unattributed_firings": {},
+    }  # fmt: skip
+    row = next(ln for ln in report(summary, ["A", "B"]).splitlines() if ln.startswith("lr_spike"))
+    assert row == "lr_spike        301.5 (300-355) 18/100 [-]  301.5 (300-355) 18/100 [-]  100/100"

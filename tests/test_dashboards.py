@@ -8,18 +8,23 @@ corrupt_shard run past its onset, with Grafana's variables substituted as Grafan
 from __future__ import annotations
 
 import importlib.util
+import json
 import struct
 import time
 
 import pytest
 import yaml
 
+from oncall.pager import read_pages
 from runwatch import dashboard_queries as dq
+from runwatch.names import FIRST_FIRED
 from runwatch.paths import REPO
 from runwatch.plate import collect, draw, windows
 from runwatch.promserver import instant
 from tests.conftest import runwatch, wait_for
 from tests.test_lab_e2e import ExtraTrainer
+from trainer.config import TrainConfig
+from trainer.run import Trainer
 
 PROM = "http://127.0.0.1:9090"
 ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")
@@ -89,9 +94,14 @@ def incident(lab):
     return lab
 
 
+def lab_start(lab) -> float:
+    """A little before `runwatch up` started the lab (its lab.json says when)."""
+    return json.loads((lab.state / "lab.json").read_text())["started_at"] - 5
+
+
 def run_all(lab, path):
     end = time.time()
-    start = lab.state.stat().st_mtime - 5  # the lab's start: Grafana's range would cover the run
+    start = lab_start(lab)  # Grafana's range would cover the run
     results = {}
     for q in dq.queries(dq.load(path)):
         results[(q.kind, q.title, q.ref)] = (q, dq.run(PROM, q, {"run": lab.run_id}, start, end))
@@ -100,7 +110,7 @@ def run_all(lab, path):
 
 # In a lab whose only incident is a corrupt shard, no run has fired these two: their table
 # columns are rightly empty. Every other query must return series.
-EMPTY_HERE = {("Readouts of every run", "C"), ("Readouts of every run", "D")}
+EMPTY_HERE = {("Readouts of every run", "C"), ("Readouts of every run", "D"), ("Run", "C")}  # C: the run ended
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
@@ -114,7 +124,7 @@ def test_every_query_is_accepted_and_returns_series(incident, path):
 
 def test_the_watching_a_run_queries_say_what_they_should(incident):
     results = run_all(incident, DASHBOARDS / "watching-a-run.json")
-    runs = {r["metric"]["run_id"] for r in results[("variable", "run", "")][1]}
+    runs = {r["metric"]["value"] for r in results[("variable", "run", "")][1]}
     assert incident.run_id in runs and any("control" in r for r in runs)
 
     readouts = {
@@ -142,6 +152,122 @@ def test_the_watching_a_run_queries_say_what_they_should(incident):
     dots = results[("panel", "Training loss (thin) and held-out loss (dots)", "B")][1][0]["values"]
     steps = {int(float(v)) for _, v in instant_range(incident)}
     assert 0 < len(dots) < len(steps) / 5  # one dot per held-out evaluation, not one per step
+
+
+def test_every_readout_is_the_first_fire_recorded_once(incident, tmp_path):
+    """The record alerts.yml writes when an alert fires is what the page says, what the
+    dashboard's readouts and table say at any time range, and what the plate prints."""
+    run = incident.run_id
+    wait_for(lambda: paged(incident, "GradientNormJump"), 60, "GradientNormJump to page")
+    record = {
+        r["metric"]["alertname"]: int(float(r["value"][1]))
+        for r in instant(PROM, f'{FIRST_FIRED}{{run_id="{run}"}}')
+    }
+    assert {"TrainingLossJump", "GradientNormJump"} <= set(record) and "HeldOutGap" not in record
+    assert 300 <= record["GradientNormJump"] <= 302, record
+
+    # The page's step was read at the same evaluation, and the page carries the rule that fired.
+    for alert in ("TrainingLossJump", "GradientNormJump"):
+        page = paged(incident, alert)
+        assert page["step"] == str(record[alert]), (alert, page["step"], record)
+        assert page["rule"]["expr"].endswith("> 3") and page["rule"]["for"] == "0s", page["rule"]
+
+    # At the range of the whole run, and at one that begins long after the alerts fired.
+    path = DASHBOARDS / "watching-a-run.json"
+    end = time.time()
+    for start in (lab_start(incident), end - 10):
+        readouts = {
+            q.legend: int(float(r[0]["value"][1]))
+            for q in dq.queries(dq.load(path))
+            if q.kind == "panel" and q.title.startswith("Readouts: step")
+            for r in [dq.run(PROM, q, {"run": run}, start, end)]
+        }
+        assert {a: s for a, s in readouts.items() if s != -1} == {a: record[a] for a in readouts if a in record}
+
+    assert {a: s for a, s in collect(PROM, run, since_s=600).readouts.items() if s is not None} == {
+        a: s for a, s in record.items() if a in ALERTS
+    }
+
+
+def paged(lab, alert: str) -> dict | None:
+    pages = [p for p in read_pages(lab.state / "pages.jsonl") if p["run_id"] == lab.run_id and p["alert"] == alert]
+    return next((p for p in pages if p["status"] == "firing"), None)
+
+
+def test_the_newest_run_is_the_default_and_a_finished_run_says_when_it_ended(incident):
+    """Grafana's default is the $run variable's first option: the runs come newest first, by
+    start time (their ids sort by incident). The Run panel gives each run's step, and an end
+    time only once the run has finished its last step."""
+    short = ExtraTrainer(incident, "short", 8107, "--steps", "325", "--fast-forward", "315")
+    try:
+        wait_for(lambda: instant(PROM, f'runwatch_train_run_end_time_seconds{{run_id="{short.run_id}"}}'), 60,
+                 "the short run to finish")  # fmt: skip
+        path = DASHBOARDS / "watching-a-run.json"
+        queries = dq.queries(dq.load(path))
+        [variable] = [q for q in queries if q.kind == "variable"]
+        end = time.time()
+        runs = [r["metric"]["value"] for r in dq.run(PROM, variable, {}, end - 900, end)]
+        started = [
+            float(instant(PROM, f'runwatch_train_run_start_time_seconds{{run_id="{r}"}}', end)[0]["value"][1])
+            for r in runs
+        ]
+        assert runs[0] == short.run_id and incident.run_id in runs
+        assert started == sorted(started, reverse=True), list(zip(runs, started, strict=True))
+
+        def run_panel(run: str) -> dict[str, float]:
+            shown = {}
+            for q in (q for q in queries if q.kind == "panel" and q.title == "Run"):
+                for r in dq.run(PROM, q, {"run": run}, end - 900, end):
+                    shown[q.legend] = float(r["value"][1])
+            return shown
+
+        finished, running = run_panel(short.run_id), run_panel(incident.run_id)
+        assert finished["step"] == 324 and finished["started"] < finished["ended"] <= end * 1000
+        assert running["step"] >= 315 and "ended" not in running
+    finally:
+        short.close()
+
+
+def test_the_step_panel_draws_each_step_as_trained_and_every_held_out_dot_at_long_ranges(incident):
+    """The trend panel's drawing (each curve joined by time to the step): every point sits at
+    the step whose loss the trainer computed, and the held-out dots stay, one per evaluation,
+    at a 2-hour range as at the run's own; so do the time panel's."""
+    run = incident.run_id
+    config = json.loads((incident.runs / run / "run.json").read_text())["config"]
+    trainer = Trainer(TrainConfig(**config))
+    trained = {}
+    now = int(float(instant(PROM, f'runwatch_train_step{{run_id="{run}"}}')[0]["value"][1]))
+    while trainer.next_step <= now:
+        rec = trainer.step()
+        trained[rec.step] = rec
+
+    path = DASHBOARDS / "watching-a-run.json"
+    end = time.time()
+    dots, time_dots = {}, {}
+    for label, start in (("run", lab_start(incident)), ("2h", end - 7200)):
+        drawn = {}
+        for q in dq.queries(dq.load(path)):
+            if q.kind == "panel" and q.title == "Training loss by step (the plate's x axis)":
+                [series] = dq.run(PROM, q, {"run": run}, start, end) or [{"values": []}]
+                drawn[q.legend] = series["values"]
+        by_step = dq.by_field(drawn, "step")
+        loss = by_step["training loss"]
+        assert len(loss) > 30 and [s for s, _ in loss] == sorted(s for s, _ in loss)
+        for step, value in loss:
+            assert value == pytest.approx(trained[int(step)].loss, rel=1e-9), step
+        held = by_step["held-out loss"]
+        assert held and all(int(s) % 10 == 0 for s, _ in held)
+        for step, value in held:
+            assert value == pytest.approx(trained[int(step)].heldout_loss, rel=1e-9), step
+        dots[label] = {int(s) for s, _ in held}
+        [[time_panel]] = [
+            dq.run(PROM, q, {"run": run}, start, end)
+            for q in dq.queries(dq.load(path))
+            if q.kind == "panel" and q.title.startswith("Training loss (thin)") and q.legend == "held-out loss"
+        ]
+        time_dots[label] = [t for t, _ in time_panel["values"]]
+    assert dots["2h"] == dots["run"], dots
+    assert time_dots["2h"] == time_dots["run"], time_dots
 
 
 def instant_range(lab):

@@ -80,7 +80,9 @@ def normalise(text: str) -> str:
 
 def test_golden_metrics():
     """Hand-written records, so the golden file does not depend on floating-point details."""
-    metrics = TrainerMetrics("lr_spike-7", 7, "lr_spike", registry=CollectorRegistry(), precision="fp16")
+    metrics = TrainerMetrics(
+        "lr_spike-7", 7, "lr_spike", registry=CollectorRegistry(), precision="fp16", clock=lambda: 1764460800.0
+    )
     for step, loss, lr, active, skipped in [(299, 0.25, 0.1, False, False), (300, 0.5, 15.0, True, True)]:
         rec = StepRecord(
             step, loss, 0.25, 1.5, lr, 1.0, 65536, active, float(step + 1), weight_norm=7.0, expected_loss=0.3,
@@ -96,6 +98,22 @@ def test_golden_metrics():
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text(), "exposition changed; rerun with UPDATE_GOLDEN=1 if intended"
+
+
+def test_a_finished_run_says_when_it_started_and_ended():
+    """The dashboards order runs by start and say when one ended: both are facts of the exporter."""
+    times = iter([1764460800.0, 1764461400.5])
+    metrics = TrainerMetrics("none-3", 3, "none", registry=CollectorRegistry(), clock=lambda: next(times))
+    rec = Trainer(TrainConfig(steps=5, onset=2)).step()
+    metrics.observe(rec, rec.tokens_per_second)
+    value = metrics.registry.get_sample_value
+    assert value("runwatch_train_run_start_time_seconds", {"run_id": "none-3"}) == 1764460800.0
+    assert value("runwatch_train_run_end_time_seconds", {"run_id": "none-3"}) is None
+    metrics.finish()
+    assert value("runwatch_train_run_start_time_seconds", {"run_id": "none-3"}) == 1764460800.0
+    assert value("runwatch_train_run_end_time_seconds", {"run_id": "none-3"}) == 1764461400.5
+    assert value("runwatch_train_step", {"run_id": "none-3"}) == 0  # its last step, even if no scrape saw it
+    assert value("runwatch_train_loss", {"run_id": "none-3"}) is None  # nothing left for an alert to judge
 
 
 def test_drill_hides_the_incident():
