@@ -11,6 +11,7 @@ ports, so these tests run one after another.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from oncall.pager import RUNBOOK_BASE, WATCHDOG_TIMEOUT_S, read_pages, received_time
 from runwatch.backtest import duration_seconds
 from runwatch.lab import Component, Lab
+from runwatch.paths import REPO
 from runwatch.promserver import instant, wait_ready
 from tests.conftest import edit, runwatch, wait_for
 
@@ -78,6 +80,48 @@ def test_status_reports_every_component_ready(lab):
         assert f"{name}" in res.stdout
     assert res.stdout.count(" ready ") == 5
     assert res.stdout.startswith(f"run {lab.run_id}: running, at step ")  # which run, and how far
+
+
+# Every loopback address the project writes, in a file a learner reads or a page they get.
+LINK = re.compile(r"http://127\.0\.0\.1:(\d+)[^\s`)'\"<>|,*]*")
+GRAFANA_PORT = 3000  # compose's Grafana: the native lab has none, and says so where it links
+
+
+def project_links() -> dict[str, set[str]]:
+    """url -> the files that write it. Grafana's templated links (${...}) are left out."""
+    files = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "runbooks").glob("*.md")]
+    files += [*(REPO / "prometheus" / "rules").glob("*.yml"), *(REPO / "grafana" / "dashboards").glob("*.json")]
+    found: dict[str, set[str]] = {}
+    for f in files:
+        for m in LINK.finditer(f.read_text()):
+            url = m.group(0).rstrip(".:;")
+            if "$" not in url:
+                found.setdefault(url, set()).add(str(f.relative_to(REPO)))
+    return found
+
+
+def test_every_link_the_project_writes_or_prints_opens_on_the_native_lab(lab):
+    """README, the lab guide, the runbooks, the rules' annotations, the dashboards' links,
+    `runwatch status` and the page lines: each address answers 200 here (Debian's Prometheus
+    has only its classic UI, and Debian's Alertmanager no web UI at all)."""
+    wait_for(lambda: pages(lab, lab.run_id), 90, "the incident's first page")
+    links = project_links()
+    printed = runwatch("status", "--state-dir", str(lab.state), cwd=lab.cwd).stdout
+    printed += runwatch("pager", "--log", str(lab.page_log), "--all", "--prometheus", "", cwd=lab.cwd).stdout
+    for m in LINK.finditer(printed):
+        links.setdefault(m.group(0).rstrip(".:;"), set()).add("printed by runwatch")
+    assert len(links) > 20 and any("printed by runwatch" in w for w in links.values())
+    broken = {}
+    for url, where in sorted(links.items()):
+        if int(LINK.match(url)[1]) == GRAFANA_PORT:
+            continue
+        try:
+            status = requests.get(url, timeout=10).status_code  # redirects followed, as a browser does
+        except requests.RequestException as err:
+            status = type(err).__name__
+        if status != 200:
+            broken[url] = (status, sorted(where))
+    assert broken == {}
 
 
 def test_corrupt_shard_pages_loss_and_gradient_norm_at_the_onset(lab):
