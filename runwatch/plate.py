@@ -118,7 +118,9 @@ def draw(data: PlateData, out: Path) -> None:
     readouts = "   ".join(f"{a} {'—' if s is None else s}" for a, s in data.readouts.items())
     fig.suptitle(f"Watching a Run: {data.run_id}\nfirst fired at step:  {readouts}", fontsize=11, x=0.01, ha="left")
     styles = {"held-out loss": dict(marker="o", linestyle="none", markersize=5)}
-    fired = sorted(((a, s) for a, s in data.readouts.items() if s is not None), key=lambda a_s: a_s[1])
+    fired: dict[int, list[str]] = {}  # step -> the alerts that first fired there, one mark each step
+    for alert, step in sorted(((a, s) for a, s in data.readouts.items() if s is not None), key=lambda a_s: a_s[1]):
+        fired.setdefault(step, []).append(alert)
     for ax, key, ylabel in zip(
         axes, ("loss", "grad", "throughput"), ("loss (nats)", "gradient norm", "tokens/s"), strict=True
     ):
@@ -129,11 +131,11 @@ def draw(data: PlateData, out: Path) -> None:
                 ax.plot(xs, ys, label=legend, **style)
         for lo, hi in data.incident:
             ax.axvspan(lo, hi + 1, color="red", alpha=0.12, label="incident" if key == "loss" else None)
-        for (alert, step), color in zip(fired, MARKS, strict=False):
+        for (step, alerts), color in zip(fired.items(), MARKS, strict=False):
             ax.axvline(step, color=color, linestyle=":", linewidth=1.2)
             if key == "loss":  # name each mark once, at the top of the figure
                 ax.annotate(
-                    f"{alert} {step}", (step, 1), xycoords=("data", "axes fraction"), xytext=(2, -2),
+                    f"{', '.join(alerts)} {step}", (step, 1), xycoords=("data", "axes fraction"), xytext=(2, -2),
                     textcoords="offset points", rotation=90, va="top", fontsize=7, color=color,
                 )  # fmt: skip
         ax.set_ylabel(ylabel)

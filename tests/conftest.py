@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,24 @@ def wait_for(predicate, timeout: float, what: str):
             return value
         time.sleep(0.2)
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+# Every loopback address the project writes, in a file a learner reads or a page they get.
+LINK = re.compile(r"http://127\.0\.0\.1:(\d+)[^\s`)'\"<>|,*]*")
+GRAFANA_PORT = 3000  # compose's Grafana: the native lab has none, and the compose test does not start it
+
+
+def project_links() -> dict[str, set[str]]:
+    """url -> the files that write it. Grafana's templated links (${...}) are left out."""
+    files = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "runbooks").glob("*.md")]
+    files += [*(REPO / "prometheus" / "rules").glob("*.yml"), *(REPO / "grafana" / "dashboards").glob("*.json")]
+    found: dict[str, set[str]] = {}
+    for f in files:
+        for m in LINK.finditer(f.read_text()):
+            url = m.group(0).rstrip(".:;")
+            if "$" not in url:
+                found.setdefault(url, set()).add(str(f.relative_to(REPO)))
+    return found
 
 
 class LabSession:

@@ -32,9 +32,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from runwatch.names import FIRST_FIRED
 from runwatch.promserver import instant, query_range
 from tests.compose_runtime import Runtime
-from tests.conftest import wait_for
+from tests.conftest import GRAFANA_PORT, LINK, project_links, wait_for
 
 pytestmark = pytest.mark.compose
 
@@ -125,7 +126,19 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
         page = wait_for(lambda a=alert: stack.pages(a, run_id), 120, f"a {alert} page")[0]
         assert 300 <= int(page["step"]) <= 302, page  # the plate: 300; a live scrape may lag a step
         assert page["runbook_url"] == f"http://127.0.0.1:9095/runbooks/{alert}.md"
-    assert requests.get("http://127.0.0.1:9095/runbooks/TrainingLossJump.md", timeout=5).status_code == 200
+        # the pager reached Prometheus by its service name for the rule in force, and the
+        # first-fire record is the page's step
+        assert page["rule"] is not None and page["rule"]["expr"].endswith("> 3"), page["rule"]
+        fired = f'{FIRST_FIRED}{{run_id="{run_id}",alertname="{alert}"}}'
+        assert [r["value"][1] for r in instant(PROM, fired)] == [page["step"]]
+    # every link the project writes opens here too (no Grafana and no control run in this test)
+    broken = {}
+    for url in project_links():
+        if int(LINK.match(url)[1]) not in (GRAFANA_PORT, 8001):
+            status = requests.get(url, timeout=10).status_code
+            if status != 200:
+                broken[url] = status
+    assert broken == {}
     assert not stack.pages("HeldOutGap", run_id) and not stack.pages("ThroughputDrop", run_id)
     # the links in an alert open where the learner's browser is: compose publishes on 127.0.0.1
     (alert,) = [a for a in requests.get(f"{AM}/api/v2/alerts", timeout=5).json()

@@ -11,7 +11,6 @@ ports, so these tests run one after another.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -23,9 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from oncall.pager import RUNBOOK_BASE, WATCHDOG_TIMEOUT_S, read_pages, received_time
 from runwatch.backtest import duration_seconds
 from runwatch.lab import Component, Lab
-from runwatch.paths import REPO
 from runwatch.promserver import instant, wait_ready
-from tests.conftest import edit, runwatch, wait_for
+from tests.conftest import GRAFANA_PORT, LINK, edit, project_links, runwatch, wait_for
 
 PROM = "http://127.0.0.1:9090"
 TRAINING_ALERTS = {"TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop"}
@@ -80,24 +78,6 @@ def test_status_reports_every_component_ready(lab):
         assert f"{name}" in res.stdout
     assert res.stdout.count(" ready ") == 5
     assert res.stdout.startswith(f"run {lab.run_id}: running, at step ")  # which run, and how far
-
-
-# Every loopback address the project writes, in a file a learner reads or a page they get.
-LINK = re.compile(r"http://127\.0\.0\.1:(\d+)[^\s`)'\"<>|,*]*")
-GRAFANA_PORT = 3000  # compose's Grafana: the native lab has none, and says so where it links
-
-
-def project_links() -> dict[str, set[str]]:
-    """url -> the files that write it. Grafana's templated links (${...}) are left out."""
-    files = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "runbooks").glob("*.md")]
-    files += [*(REPO / "prometheus" / "rules").glob("*.yml"), *(REPO / "grafana" / "dashboards").glob("*.json")]
-    found: dict[str, set[str]] = {}
-    for f in files:
-        for m in LINK.finditer(f.read_text()):
-            url = m.group(0).rstrip(".:;")
-            if "$" not in url:
-                found.setdefault(url, set()).add(str(f.relative_to(REPO)))
-    return found
 
 
 def test_every_link_the_project_writes_or_prints_opens_on_the_native_lab(lab):
