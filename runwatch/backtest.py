@@ -50,10 +50,10 @@ from trainer.run import Trainer
 
 # A backfill that runs past this is hung, not slow: 500 runs backfill in about 10 s here.
 BACKFILL_TIMEOUT_S = 900
-RETENTION = "100y"
+RETENTION = "100y"  # the runs are stamped in 2026-01; a short retention would delete them
 # A recording rule over ALERTS (alerts.yml's first-fire record) has no input here: the
 # backfill writes no ALERTS series.
-LIVE_ALERTS = re.compile(r"\bALERTS(_FOR_STATE)?\b")  # the runs are stamped in 2026-01; a short retention would delete them
+LIVE_ALERTS = re.compile(r"\bALERTS(_FOR_STATE)?\b")
 
 
 # --- input ---
