@@ -127,8 +127,7 @@ def run_variable() -> db.QueryVariable:
         .label("Run")
         .datasource(PROMETHEUS)
         .query(
-            "query_result(sort_desc(max by (run_id) "
-            "(last_over_time(runwatch_train_run_start_time_seconds[$__range]))))"
+            "query_result(sort_desc(max by (run_id) (last_over_time(runwatch_train_run_start_time_seconds[$__range]))))"
         )
         .regex('/run_id="([^"]+)"/')
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)

@@ -160,8 +160,7 @@ def test_every_readout_is_the_first_fire_recorded_once(incident, tmp_path):
     run = incident.run_id
     wait_for(lambda: paged(incident, "GradientNormJump"), 60, "GradientNormJump to page")
     record = {
-        r["metric"]["alertname"]: int(float(r["value"][1]))
-        for r in instant(PROM, f'{FIRST_FIRED}{{run_id="{run}"}}')
+        r["metric"]["alertname"]: int(float(r["value"][1])) for r in instant(PROM, f'{FIRST_FIRED}{{run_id="{run}"}}')
     }
     assert {"TrainingLossJump", "GradientNormJump"} <= set(record) and "HeldOutGap" not in record
     assert 300 <= record["GradientNormJump"] <= 302, record
