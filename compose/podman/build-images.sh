@@ -8,7 +8,8 @@
 #   python:3.11.11-slim-bookworm     a debootstrap'd bookworm with python3 (3.11.2) and pip
 #
 # Each keeps the upstream image's ENTRYPOINT, CMD, USER, WORKDIR and data directory, so the
-# compose file runs unchanged. Usage: build-images.sh [--force]
+# compose file runs unchanged. An image this version of the script did not build is rebuilt.
+# Usage: build-images.sh [--force]
 set -euo pipefail
 
 PROMETHEUS_IMAGE=prom/prometheus:v2.42.0
@@ -20,7 +21,12 @@ force=0
 [ "${1:-}" = "--force" ] && force=1
 
 say() { echo "build-images: $*" >&2; }
-have() { [ "$force" = 0 ] && podman image exists "$1"; }
+# Each image is labelled with this script's hash: an image built by an older version of it
+# (say, without Prometheus's web UI files) is rebuilt, not kept.
+BUILD=$(sha256sum "$0" | cut -c1-16)
+have() {
+  [ "$force" = 0 ] && [ "$(podman image inspect --format '{{ index .Labels "runwatch.build" }}' "$1" 2>/dev/null)" = "$BUILD" ]
+}
 
 work=$(mktemp -d /var/tmp/runwatch-images.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -46,7 +52,7 @@ scratch_root() {
 build_scratch() {
   local image=$1 ctx=$2 name=$3 port=$4 cmd=$5
   mkdir -p "$ctx/data"
-  printf '%s\n' "FROM scratch" "COPY rootfs/ /" "COPY --chown=65534:65534 data/ /$name/" "USER nobody" \
+  printf '%s\n' "FROM scratch" "LABEL runwatch.build=$BUILD" "COPY rootfs/ /" "COPY --chown=65534:65534 data/ /$name/" "USER nobody" \
     "EXPOSE $port" "VOLUME [\"/$name\"]" "WORKDIR /$name" "ENTRYPOINT [\"/bin/$name\"]" "CMD $cmd" \
     >"$ctx/Containerfile"
   say "building $image"
@@ -62,6 +68,8 @@ else
   mkdir -p "$ctx/rootfs/etc/prometheus" "$ctx/rootfs/usr/share/prometheus/console_libraries" \
     "$ctx/rootfs/usr/share/prometheus/consoles"
   cp /etc/prometheus/prometheus.yml "$ctx/rootfs/etc/prometheus/"
+  # Debian's build serves its classic web UI from these files: without them every page is a 500.
+  cp -r /usr/share/prometheus/web "$ctx/rootfs/usr/share/prometheus/"
   build_scratch "$PROMETHEUS_IMAGE" "$ctx" prometheus 9090 \
     '["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus", "--web.console.libraries=/usr/share/prometheus/console_libraries", "--web.console.templates=/usr/share/prometheus/consoles"]'
 fi
@@ -101,6 +109,7 @@ else
     --change 'ENV LANG=C.UTF-8' \
     --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
     --change 'CMD ["python3"]' \
+    --change "LABEL runwatch.build=$BUILD" \
     - "$PYTHON_IMAGE" >/dev/null
 fi
 say "images ready"
