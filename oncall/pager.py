@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 from urllib.request import ProxyHandler, build_opener
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
@@ -46,6 +46,7 @@ ROUTES = {
     "/-/healthy": "GET",
     "/-/ready": "GET",
     "/metrics": "GET",
+    "/api/pages": "GET",
 }
 STATUSES = ("firing", "resolved")
 RUNBOOK_NAME = re.compile(r"[A-Za-z0-9_-]+\.md")  # no slashes, no dots but the suffix: no way out of the folder
@@ -472,6 +473,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
         elif path == "/":
             self._reply(200, self._index())
+        elif path == "/api/pages":
+            self._pages()
         elif path == "/-/ready" and self.server.log.error is not None:
             # Not ready while pages cannot be stored: Alertmanager's retries keep them meanwhile.
             self._reply(503, f"Not ready: {self.server.log.error}\n".encode(errors="backslashreplace"))
@@ -479,6 +482,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, b"OK\n")
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _route  # noqa: N815 (http.server's names)
+
+    def _pages(self) -> None:
+        """GET /api/pages[?run_id=R]: the page log as JSON, oldest first (the console reads it).
+
+        Read from the file, so it holds exactly what `runwatch pager` prints; a torn last line
+        (a write in progress) is left out until it is whole.
+        """
+        run_ids = parse_qs(urlsplit(self.path).query).get("run_id")
+        pages = read_pages(self.server.log.path)
+        if run_ids:
+            pages = [p for p in pages if p.get("run_id") in run_ids]
+        self._json(200, {"pages": pages})
 
     def _index(self) -> bytes:
         """What a browser opening the pager's address reads: its routes and its runbooks."""

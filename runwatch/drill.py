@@ -121,50 +121,66 @@ def drill(args: argparse.Namespace) -> int:
 # --- runwatch ack ---
 
 
-def firing_in_alertmanager(alert: str, run_id: str) -> list[dict]:
+def firing_in_alertmanager(alert: str, run_id: str, alertmanager: str = ALERTMANAGER) -> list[dict]:
     params = {"filter": [f'alertname="{alert}"', f'run_id="{run_id}"'], "active": "true", "silenced": "false"}
-    resp = requests.get(f"{ALERTMANAGER}/api/v2/alerts", params=params, timeout=5)
+    resp = requests.get(f"{alertmanager}/api/v2/alerts", params=params, timeout=5)
     resp.raise_for_status()
     return resp.json()
 
 
 def ack(args: argparse.Namespace) -> int:
+    """A silence for one alert of one run: the drill's run (recorded in its timeline), else
+    --run or the lab's run. The alert must be firing and not yet silenced."""
     if not 0 < args.expires <= MAX_SILENCE_MINUTES:
         raise UsageError(f"--expires: minutes in (0, {MAX_SILENCE_MINUTES}] (a week at most), got {args.expires:g}")
+    alertmanager = args.alertmanager.rstrip("/")
     d = Drill(args.state_dir)
-    with d.locked():  # acks at the same moment: each is kept
-        return _ack(d, args)
+    run_id = args.run or _current_run(d)
+    if d.path.exists() and d.load()["run_id"] == run_id:  # the drill's run: the ack is in its timeline
+        with d.locked():  # acks at the same moment: each is kept
+            record = d.load()
+            silence_id, comment = silence(alertmanager, args.alert, run_id, args.comment, args.expires)
+            record["acks"].append({"alert": args.alert, "at": _now(), "comment": comment, "silence": silence_id})
+            d.save(record)
+            return 0
+    silence(alertmanager, args.alert, run_id, args.comment, args.expires)
+    return 0
 
 
-def _ack(d: Drill, args: argparse.Namespace) -> int:
-    record = d.load()
-    run_id = record["run_id"]
+def _current_run(d: Drill) -> str:
+    """The lab's run (its lab.json), else the drill's: what an ack without --run is about."""
+    meta = d.lab.state / "lab.json"
+    if meta.exists():
+        return str(read_json(meta, "the lab's record").get("run_id"))
+    if d.path.exists():
+        return d.load()["run_id"]
+    raise UsageError(f"--run: no lab in {d.lab.state} to take the run from; name the run")
+
+
+def silence(alertmanager: str, alert: str, run_id: str, comment: str, minutes: float) -> tuple[str, str]:
+    """Silence alert for run_id in Alertmanager, as tools built on it acknowledge; print and
+    return (the silence's id, its comment). Refused unless the alert fires unsilenced."""
     try:
-        if not firing_in_alertmanager(args.alert, run_id):
-            raise UsageError(f"{args.alert} is not firing for run {run_id} (see `runwatch pager`)")
+        if not firing_in_alertmanager(alert, run_id, alertmanager):
+            raise UsageError(f"{alert} is not firing unacknowledged for run {run_id} (see `runwatch pager`)")
         now = datetime.now(UTC)
-        silence = {
+        body = {
             "matchers": [
-                {"name": "alertname", "value": args.alert, "isRegex": False, "isEqual": True},
+                {"name": "alertname", "value": alert, "isRegex": False, "isEqual": True},
                 {"name": "run_id", "value": run_id, "isRegex": False, "isEqual": True},
             ],
             "startsAt": now.isoformat(),
-            "endsAt": (now + timedelta(minutes=args.expires)).isoformat(),
+            "endsAt": (now + timedelta(minutes=minutes)).isoformat(),
             "createdBy": "runwatch ack",
-            "comment": args.comment or f"acknowledged {args.alert}",
+            "comment": comment or f"acknowledged {alert}",
         }
-        resp = requests.post(f"{ALERTMANAGER}/api/v2/silences", json=silence, timeout=5)
+        resp = requests.post(f"{alertmanager}/api/v2/silences", json=body, timeout=5)
         resp.raise_for_status()
     except requests.RequestException as err:
-        raise UsageError(f"Alertmanager at {ALERTMANAGER} did not answer ({type(err).__name__})") from None
+        raise UsageError(f"--alertmanager: {alertmanager} did not answer ({type(err).__name__})") from None
     silence_id = resp.json()["silenceID"]
-    record["acks"].append({"alert": args.alert, "at": _now(), "comment": silence["comment"], "silence": silence_id})
-    d.save(record)
-    print(
-        f"acknowledged {args.alert} for run {run_id}: silence {silence_id} "
-        f"until {_iso(now.timestamp() + 60 * args.expires)}"
-    )
-    return 0
+    print(f"acknowledged {alert} for run {run_id}: silence {silence_id} until {_iso(now.timestamp() + 60 * minutes)}")
+    return silence_id, body["comment"]
 
 
 # --- runwatch diagnose ---
@@ -436,6 +452,8 @@ def add_ack(p: argparse.ArgumentParser) -> Command:
     p.add_argument("alert", help="the alert to acknowledge, e.g. TrainingLossJump")
     p.add_argument("--comment", default="", help="what you know so far")
     p.add_argument("--expires", type=float, default=30, metavar="MINUTES", help="silence length (default 30)")
+    p.add_argument("--run", default=None, help="the run whose alert to silence (default: the drill's, else the lab's)")
+    p.add_argument("--alertmanager", default=ALERTMANAGER, metavar="URL", help="Alertmanager to create the silence in")
     return ack
 
 

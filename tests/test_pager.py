@@ -160,8 +160,9 @@ def rules_prometheus(tmp_path):
     alerts.write_text(alerts.read_text().replace(shipped, shipped.replace("> 2", "> 2.5").replace("10s", "20s")))
     (tmp_path / "prometheus.yml").write_text(f"rule_files: ['{rules}/*.yml']\n")
     port = free_port()
-    argv = [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"]  # fmt: skip
+    argv = [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle"]  # fmt: skip
     with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / "prometheus.log"):
         yield f"http://127.0.0.1:{port}", alerts, shipped
 
@@ -212,6 +213,20 @@ def test_a_prometheus_that_does_not_answer_delays_pages_at_most_the_rules_timeou
         silent.close()
     assert read_pages(pager.log_path)[0]["rule"] is None
     assert RULES_TIMEOUT_S * 0.9 <= waited < 10  # the client's own timeout: it never waits for Prometheus
+
+
+def test_the_page_log_is_served_as_json_for_the_console(start):
+    """GET /api/pages: what `runwatch pager` prints, oldest first, optionally for one run."""
+    pager = start()
+    pager.post(payload(alert(), alert(starts_at="2024-05-01T12:01:00Z", fingerprint="0ther")))
+    other = alert(fingerprint="run2")
+    other["labels"] = {**other["labels"], "run_id": "repeated_batch-4"}
+    pager.post(payload(other))
+    status, body = pager.request("GET", "/api/pages")
+    assert status == 200 and json.loads(body)["pages"] == read_pages(pager.log_path)
+    status, body = pager.request("GET", "/api/pages?run_id=repeated_batch-4")
+    assert [p["fingerprint"] for p in json.loads(body)["pages"]] == ["run2"]
+    assert pager.request("POST", "/api/pages", b"{}")[0] == 405
 
 
 def test_resent_notification_is_deduplicated(start):
