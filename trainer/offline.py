@@ -16,6 +16,7 @@ Not for live runs: `trainer.live` paces and exports.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -74,6 +75,9 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, str, list[float]]]:
     }
     info_incident = m.HIDDEN if cfg.drill else cfg.incident
     fam[m.RUN_INFO] = ("gauge", f'{run.labels},seed="{cfg.seed}",incident="{info_incident}"', [1.0] * len(recs))
+    fam[m.RUN_START] = ("gauge", run.labels, [run.start] * len(recs))
+    # the live exporter says when a run ended once it has: here, at its last step only
+    fam[m.RUN_END] = ("gauge", run.labels, [math.nan] * (len(recs) - 1) + [run.step_time(len(recs) - 1)])
     norm_mean, norm_max = activation_norms([r.logits for r in recs])  # the whole run in one pass
     fam[m.LOGIT_NORM_MEAN] = ("gauge", run.labels, norm_mean)
     fam[m.LOGIT_NORM_MAX] = ("gauge", run.labels, norm_max)
@@ -90,6 +94,7 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, str, list[float]]]:
 
 FAMILIES = (
     m.STEP, m.LOSS, m.HELDOUT_LOSS, m.GRADIENT_NORM, m.TOKENS_PER_SECOND, m.TOKENS, "up", m.RUN_INFO,
+    m.RUN_START, m.RUN_END,
     m.LOGIT_NORM_MEAN, m.LOGIT_NORM_MAX, m.WEIGHT_NORM, m.EXPECTED_LOSS, m.LOSS_SCALE, m.SKIPPED_STEPS,
     m.LEARNING_RATE, m.INCIDENT_ACTIVE,
 )  # fmt: skip
