@@ -10,7 +10,7 @@ APT_PACKAGES := prometheus prometheus-alertmanager
 # DNS); debootstrap and busybox-static build the substitute images (compose/podman/README.md).
 PODMAN_APT_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap busybox-static
 
-.PHONY: lab test test-compose binaries compose-runtime lint bench
+.PHONY: lab test test-compose binaries browser compose-runtime lint bench console-vendor
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -36,6 +36,10 @@ endef
 binaries:
 	$(call apt_install,$(APT_PACKAGES))
 
+# The console's browser tests drive Debian's chromium (Playwright downloads no browser here).
+browser:
+	$(call apt_install,chromium)
+
 # With a Docker engine (DOCKER_HOST or its socket) only the Compose CLI is needed.
 compose-runtime:
 	@if [ -n "$$DOCKER_HOST" ] || [ -S /var/run/docker.sock ]; then \
@@ -51,7 +55,7 @@ apt-compose-cli:
 apt-compose-podman:
 	$(call apt_install,docker-compose $(PODMAN_APT_PACKAGES))
 
-test: $(VENV)/.installed binaries apt-compose-cli
+test: $(VENV)/.installed binaries browser apt-compose-cli
 	$(PY) -m pytest -q -m "not compose" -n 2 --dist loadgroup
 
 test-compose: $(VENV)/.installed binaries compose-runtime
@@ -65,3 +69,10 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_trainer.py
+
+# The console's chart library, from npm into the package (served from there: no CDN, no internet).
+UPLOT_VERSION := 1.6.32
+console-vendor:
+	tmp=$$(mktemp -d) && cd $$tmp && npm pack -q uplot@$(UPLOT_VERSION) && tar xzf uplot-$(UPLOT_VERSION).tgz \
+	  && cp package/dist/uPlot.iife.min.js package/dist/uPlot.min.css $(CURDIR)/console/static/vendor/ \
+	  && cp package/LICENSE $(CURDIR)/console/static/vendor/uPlot.LICENSE && rm -rf $$tmp

@@ -30,7 +30,7 @@ def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Comm
         ("reload", "check the YAML, then reload Prometheus and Alertmanager", lab.add_simple(lab.reload)),
         ("plate", "draw the plate for a run from Prometheus, with the dashboard's queries", plate.add_arguments),
         ("drill", "start a lab whose incident (or none) is hidden: on-call practice", drill.add_drill),
-        ("ack", "acknowledge a page: a silence scoped to the alert and the drill's run", drill.add_ack),
+        ("ack", "acknowledge a page: an Alertmanager silence for the alert and its run", drill.add_ack),
         ("diagnose", "name the drill's incident once; it is revealed and graded", drill.add_diagnose),
         ("postmortem", "write the drill's postmortem: PagerDuty's sections, timeline, plate", drill.add_postmortem),
     ]
@@ -42,6 +42,7 @@ def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Comm
 DELEGATED = {
     "pager": ("oncall.follow", "main"),
     "pager-serve": ("oncall.follow", "serve_main"),
+    "console": ("console.serve", "main"),
     "probe": ("runwatch.probe", "main"),
 }
 
@@ -55,6 +56,7 @@ def build_parser() -> tuple[Parser, dict[str, Command]]:
         handlers[name] = add(p)
     sub.add_parser("pager", help="print the on-call page log; --follow to keep watching", add_help=False)
     sub.add_parser("pager-serve", help="run the on-call pager (Alertmanager's webhook receiver)", add_help=False)
+    sub.add_parser("console", help="serve the on-call console (plate, pages, runbooks, ack, diagnose)", add_help=False)
     sub.add_parser("probe", help="exit 0 if a URL answers 200: the containers' healthcheck", add_help=False)
     return parser, handlers
 

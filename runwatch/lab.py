@@ -6,6 +6,7 @@
     pager        http://127.0.0.1:9095           (runwatch pager-serve)
     Alertmanager http://127.0.0.1:9093/api/v2/alerts (alertmanager or Debian's prometheus-alertmanager)
     Prometheus   http://127.0.0.1:9090           (prometheus, with --web.enable-lifecycle)
+    console      http://127.0.0.1:9096/          (runwatch console: plate, pages, runbooks, ack)
 
 Everything it keeps lives in one state directory (default ./.runwatch): Prometheus's TSDB,
 Alertmanager's silences, the page log, each run's run.json, logs and PID files. So `down` then
@@ -145,8 +146,9 @@ class Lab:
 
     def components(self, args: argparse.Namespace, run_id: str) -> list[Component]:
         """What `up` starts, in order: the trainer (and a healthy control), the pager,
-        Alertmanager, then Prometheus, which scrapes and alerts on the others."""
-        comps = [self._trainer(args, run_id), self._pager(), self._alertmanager(), self._prometheus()]
+        Alertmanager, Prometheus, which scrapes and alerts on the others, then the console,
+        which reads them all."""
+        comps = [self._trainer(args, run_id), self._pager(), self._alertmanager(), self._prometheus(), self._console()]
         if args.control:
             comps.insert(1, self._control(args, run_id))
         return comps
@@ -187,6 +189,10 @@ class Lab:
         argv += [f"--web.listen-address=127.0.0.1:{PORTS['alertmanager']}", *ALERTMANAGER_FLAGS]
         # its API: Debian's Alertmanager has no web UI, and its root page says only that
         return self._serving("alertmanager", argv, PORTS["alertmanager"], "/api/v2/alerts")
+
+    def _console(self) -> Component:
+        argv = [*PY, "console", "--port", str(PORTS["console"]), "--state-dir", str(self.state)]
+        return self._serving("console", argv, PORTS["console"], "/")
 
     def _prometheus(self) -> Component:
         argv = [binary("prometheus"), f"--config.file={self.prometheus_dir / 'prometheus.yml'}"]
@@ -293,7 +299,7 @@ class Lab:
         return True
 
     def stop_all(self) -> list[str]:
-        order = ["trainer", "control", "prometheus", "alertmanager", "pager"]
+        order = ["console", "trainer", "control", "prometheus", "alertmanager", "pager"]  # readers first
         names = sorted(self.records(), key=lambda n: order.index(n) if n in order else -1)
         return [n for n in names if self.stop(n)]
 
@@ -389,6 +395,7 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
     # started_at: `runwatch pager` shows this lab's pages, not those of earlier labs
     record = {"run_id": run_id, "root": str(lab.layout.root), "started_at": time.time()}
     write_atomic(lab.state / "lab.json", json.dumps(record) + "\n")
+    print(f"console: {url_of('console')}/ (the run, its pages and runbooks, ack and diagnose)", flush=True)
     try:
         for comp in comps:
             lab.start(comp)

@@ -127,3 +127,29 @@ def lab(lab_session) -> Lab:
 def no_lab(lab_session) -> None:
     """Free the default ports for a test that starts its own lab."""
     lab_session.stop()
+
+
+CONSOLE = "http://127.0.0.1:9096"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's chromium, driven by Playwright (which cannot download a browser of its own here)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=need("chromium"), args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def tab(browser):
+    """A fresh page; any JavaScript dialog (an injected alert()) fails the test."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    yield page
+    context.close()
+    assert dialogs == [], f"a page ran a dialog: {dialogs}"

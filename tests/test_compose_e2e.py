@@ -35,12 +35,12 @@ import requests
 from runwatch.names import FIRST_FIRED
 from runwatch.promserver import instant, query_range
 from tests.compose_runtime import Runtime
-from tests.conftest import GRAFANA_PORT, LINK, project_links, wait_for
+from tests.conftest import CONSOLE, GRAFANA_PORT, LINK, project_links, wait_for
 
 pytestmark = pytest.mark.compose
 
 PROM, AM = "http://127.0.0.1:9090", "http://127.0.0.1:9093"
-SERVICES = ("trainer", "pager", "alertmanager", "prometheus")  # all but grafana
+SERVICES = ("trainer", "pager", "alertmanager", "prometheus", "console")  # all but grafana
 INCIDENT = {"RUNWATCH_INCIDENT": "corrupt_shard", "RUNWATCH_FAST_FORWARD": "270"}
 GROUP_INTERVAL_S = 5  # alertmanager.yml: the retry of an undelivered page, the wait for a duplicate
 TRAINER_DOWN_FOR_S = 10  # alerts.yml
@@ -121,7 +121,7 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
     assert re.fullmatch(r"corrupt_shard-0-\d{6}", run_id), run_id  # each compose run has an id of its own
     time.sleep(20)  # the trainer waits for Prometheus; a slow host would start it this late
     assert "waiting for Prometheus" in stack.compose("logs", "trainer")
-    stack.compose("up", "-d", "prometheus", env=INCIDENT)
+    stack.compose("up", "-d", "prometheus", "console", env=INCIDENT)
     for alert in ("TrainingLossJump", "GradientNormJump"):
         page = wait_for(lambda a=alert: stack.pages(a, run_id), 120, f"a {alert} page")[0]
         assert 300 <= int(page["step"]) <= 302, page  # the plate: 300; a live scrape may lag a step
@@ -131,6 +131,14 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
         assert page["rule"] is not None and page["rule"]["expr"].endswith("> 3"), page["rule"]
         fired = f'{FIRST_FIRED}{{run_id="{run_id}",alertname="{alert}"}}'
         assert [r["value"][1] for r in instant(PROM, fired)] == [page["step"]]
+    # the console reads the others by their service names and links the browser to 127.0.0.1
+    wait_for(lambda: stack.healthy("console"), 120, "the console to be healthy")
+    assert f'<option value="{run_id}" selected>' in requests.get(CONSOLE, timeout=10).text
+    plate = requests.get(f"{CONSOLE}/api/plate", params={"run": run_id}, timeout=30).json()
+    assert len(plate["panels"]["loss"]["steps"]) > 20 and plate["readouts"]["GradientNormJump"] == int(page["step"])
+    assert plate["links"]["loss"].startswith("http://127.0.0.1:9090/graph?")
+    shown = requests.get(f"{CONSOLE}/pages", params={"run": run_id}, timeout=10).text
+    assert 'data-alert="GradientNormJump"' in shown and "rule in force" in shown
     # every link the project writes opens here too (no Grafana and no control run in this test)
     broken = {}
     for url in project_links():

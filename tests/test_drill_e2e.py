@@ -19,7 +19,7 @@ import requests
 
 from oncall.pager import read_pages
 from runwatch.promserver import instant
-from tests.conftest import runwatch, wait_for
+from tests.conftest import CONSOLE, runwatch, wait_for
 
 PROM, AM = "http://127.0.0.1:9090", "http://127.0.0.1:9093"
 INCIDENT_NAMES = ("lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
@@ -154,20 +154,40 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert not list(tmp_path.glob("postmortem-*"))  # not in the directory it was run from (a checkout)
 
 
-def test_a_healthy_drill_graded_no_incident_is_correct(tmp_path, state):
+def test_a_healthy_drill_diagnosed_in_the_console_is_graded_and_written_up(tmp_path, state, tab):
+    """The whole drill in the browser: the console `runwatch drill` serves offers the diagnosis
+    once, shows the grade, then writes the postmortem and shows it with its plate."""
     run_id = drill(tmp_path, state, 42, fast_forward=235)
     wait_for(lambda: instant(PROM, f'runwatch_train_step{{run_id="{run_id}"}} >= 255'), 40, "twenty steps of the run")
     assert [p for p in read_pages(state / "pages.jsonl") if p["run_id"] == run_id] == []
-    res = runwatch("diagnose", "none", "--state-dir", str(state), cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("CORRECT: you said none; it was none.")
-    assert "scoreboard: 1/1" in res.stdout
+    tab.goto(f"{CONSOLE}/")  # the drill's run is the default
+    assert tab.get_attribute("#console", "data-run") == run_id
+    tab.wait_for_function("() => window.runwatchConsole.state.plate !== null")
+    assert tab.evaluate("() => window.runwatchConsole.state.plate.drill") is True
+    assert (
+        "a drill" in tab.inner_text("#run-state")
+        and tab.evaluate("() => window.runwatchConsole.state.plate.incident") == []
+    )
+    tab.select_option("#diagnose-incident", "none")
+    tab.click("#diagnose-submit")
+    notice = tab.wait_for_selector("#notice").inner_text()
+    assert notice.startswith("CORRECT: you said none; it was none.") and "scoreboard: 1/1" in notice
+    assert tab.query_selector("#diagnose-form") is None  # once: the form is gone
+    assert "none" in tab.inner_text("#diagnosed")
+    tab.click("#postmortem-submit")
+    tab.wait_for_selector("#postmortem-link").click()
+    tab.wait_for_selector("article.postmortem h2")
+    headings = [h.inner_text() for h in tab.query_selector_all("article.postmortem h2")]
+    assert "Timeline" in headings and "Action items" in headings
+    image = tab.wait_for_selector("article.postmortem img")
+    tab.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=image)  # the plate, served
+    assert (state / f"postmortem-{run_id}.md").exists()
 
 
 @pytest.mark.parametrize(
     "args, names",
     [(["drill", "--fast-forward", "240"], "--fast-forward"), (["ack", "HeldOutGap", "--expires", "0"], "--expires"),
-     (["ack", "HeldOutGap", "--expires", "1e300"], "--expires"), (["ack", "HeldOutGap"], "no drill"),
+     (["ack", "HeldOutGap", "--expires", "1e300"], "--expires"), (["ack", "HeldOutGap"], "no lab"),
      (["diagnose", "meteor"], "unknown incident"), (["drill", "--fast-forward", "-5"], "--fast-forward"),
      (["drill", "--seed", "-1"], "--seed"), (["diagnose", "none", "--step", "1e9"], "--step"),
      (["diagnose", "none"], "no drill"), (["postmortem"], "no drill")],

@@ -32,7 +32,7 @@ def foreground_up(state) -> tuple[subprocess.Popen, str]:
         assert line, printed
         printed += line
     records = Lab(state).records()
-    assert len(records) == 4 and all(requests.get(r["ready_url"], timeout=5).ok for r in records.values())
+    assert len(records) == 5 and all(requests.get(r["ready_url"], timeout=5).ok for r in records.values())
     return proc, printed
 
 
@@ -46,7 +46,7 @@ def test_foreground_up_returns_after_down_from_another_shell(state, tmp_path):
     proc, _ = foreground_up(state)
     try:
         res = runwatch("down", "--state-dir", str(state), cwd=tmp_path)
-        assert res.returncode == 0 and "stopped: trainer, prometheus, alertmanager, pager" in res.stdout
+        assert res.returncode == 0 and "stopped: console, trainer, prometheus, alertmanager, pager" in res.stdout
         out, _ = proc.communicate(timeout=30)  # it looks once a second
     finally:
         proc.kill()
@@ -75,6 +75,7 @@ def test_sigterm_while_starting_stops_what_had_started(state):
         cwd=state.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
+        assert proc.stdout.readline().startswith("console: http://127.0.0.1:9096/")  # its URL first
         assert proc.stdout.readline().startswith("  trainer")  # printed once the trainer is ready
         records = Lab(state).records()
         proc.send_signal(signal.SIGTERM)
@@ -85,4 +86,4 @@ def test_sigterm_while_starting_stops_what_had_started(state):
     assert records and not any(Lab.alive(r) for r in records.values())
     assert Lab(state).records() == {}
     # and nothing started after the trainer was left behind: every port of the lab is free again
-    assert [name for name in ("trainer", "pager", "alertmanager", "prometheus") if not port_is_free(PORTS[name])] == []
+    assert [name for name in PORTS if not port_is_free(PORTS[name])] == []

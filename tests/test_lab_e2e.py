@@ -74,9 +74,9 @@ def test_status_reports_every_component_ready(lab):
     wait_for(lambda: instant(PROM, step), 30, "the first scrape of the run")  # before it, status says so
     res = runwatch("status", "--state-dir", str(lab.state), cwd=lab.cwd)
     assert res.returncode == 0, res.stdout
-    for name in ("trainer", "control", "pager", "alertmanager", "prometheus"):
+    for name in ("trainer", "control", "pager", "alertmanager", "prometheus", "console"):
         assert f"{name}" in res.stdout
-    assert res.stdout.count(" ready ") == 5
+    assert res.stdout.count(" ready ") == 6
     assert res.stdout.startswith(f"run {lab.run_id}: running, at step ")  # which run, and how far
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from runwatch.paths import REPO
 
-PACKAGES = ("trainer", "exporter", "oncall", "runwatch")
+PACKAGES = ("trainer", "exporter", "oncall", "console", "runwatch")
 
 
 def modules() -> dict[str, Path]:
@@ -88,6 +88,29 @@ def test_the_pager_stands_alone():
     for name in (m for m in mods if m.startswith("oncall.")):
         others = {t for t in imports(name, mods[name], set(mods)) if not t.startswith("oncall.")}
         assert others <= {"runwatch.command"}, (name, others)
+
+
+# What the console may use of the house: the command-line conventions, the lab's names, and the
+# dashboards' queries with the plate that runs them (one copy of the PromQL). Not the lab, the
+# drill or the command line: it acts through `runwatch ack` and `runwatch diagnose`.
+CONSOLE_USES = {
+    "runwatch.command", "runwatch.names", "runwatch.dashboard_queries", "runwatch.plate", "runwatch.paths",
+    "runwatch.promserver",
+}  # fmt: skip
+
+
+def test_the_console_stands_alone():
+    mods = modules()
+    for name in (m for m in mods if m.startswith("console.")):
+        others = {t for t in imports(name, mods[name], set(mods)) if not t.startswith("console.")}
+        assert others <= CONSOLE_USES, (name, others - CONSOLE_USES)
+
+
+def test_the_standalone_console_listens_where_the_lab_says():
+    from console.serve import parser
+    from runwatch.names import PORTS
+
+    assert parser().get_default("port") == PORTS["console"]
 
 
 def test_the_exporter_takes_a_record_not_the_trainer():

@@ -1,0 +1,287 @@
+"""The on-call console: one page where a learner watches the run, takes the page, reads the
+runbook, acks, and (in a drill) diagnoses.
+
+A Starlette app with server-side Jinja templates (autoescaped: page text is whatever a local
+process posted to the pager) and one static script that draws the plate with uPlot, served from
+this package (the lab works offline). Every form carries a per-process token that a page from
+another origin cannot read, and a POST whose Origin is not the console's own is refused.
+
+Acks and diagnoses run `runwatch ack` and `runwatch diagnose` themselves, so the console
+silences, records and grades exactly as the command line does.
+
+    >>> app = make_app(Sources("http://127.0.0.1:9090", "http://127.0.0.1:9093", "http://127.0.0.1:9095"))
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import re
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markdown_it import MarkdownIt
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from console.sources import ALERT_NAME, Sources, UnavailableError
+from runwatch.command import UsageError
+
+HERE = Path(__file__).parent
+INCIDENTS = ("none", "lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
+COMMAND_TIMEOUT_S = 120  # a diagnosis draws nothing, but reads Prometheus and the page log
+NOTICES_KEPT = 50
+# No inline script or style can run: everything the page runs is this package's own file.
+CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+POSTMORTEM_FILE = re.compile(r"postmortem-[A-Za-z0-9_.-]+\.(md|png)")
+
+
+class Console:
+    """The app's state: where it reads, its form token, and the results of recent actions."""
+
+    def __init__(self, sources: Sources, runwatch: list[str] | None = None) -> None:
+        self.sources = sources
+        self.runwatch = runwatch or [sys.executable, "-m", "runwatch"]
+        self.token = secrets.token_urlsafe(32)
+        self.notices: dict[str, str] = {}
+        self._ids = itertools.count(1)
+        self.templates = Environment(
+            loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]), trim_blocks=True
+        )
+        # Runbooks and postmortems are Markdown; raw HTML in them is shown as text, not run.
+        self.markdown = MarkdownIt("commonmark", {"html": False}).enable("table")  # runbooks have tables
+
+    # --- rendering ---
+
+    def render(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        return HTMLResponse(self.templates.get_template(name).render(token=self.token, **context), status)
+
+    def notice(self, text: str) -> str:
+        """Keep an action's result for the page it redirects to; return its id."""
+        key = str(next(self._ids))
+        self.notices[key] = text
+        for old in list(self.notices)[:-NOTICES_KEPT]:
+            del self.notices[old]
+        return key
+
+    # --- acting through the command line ---
+
+    def command(self, *args: str) -> tuple[bool, str]:
+        """Run `runwatch ARGS` against this console's lab; (succeeded, what it printed)."""
+        state = [f"--state-dir={self.sources.state_dir}"] if self.sources.state_dir is not None else []
+        argv = [*self.runwatch, args[0], *state, *args[1:]]  # before any "--" that ends the options
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return False, f"runwatch {args[0]} did not finish in {COMMAND_TIMEOUT_S} s"
+        return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+
+
+def _same_origin(request: Request) -> bool:
+    """A browser names the page a POST comes from; it must be the console's own address."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True  # not sent by every browser on a same-origin POST; the token still guards it
+    return urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+async def _form(console: Console, request: Request) -> dict[str, str] | Response:
+    """The POSTed form, or the response that refuses it (403 without our token or origin)."""
+    form = await request.form()
+    token = str(form.get("token", ""))
+    if not _same_origin(request) or not hmac.compare_digest(token.encode(), console.token.encode()):
+        return PlainTextResponse("403 forbidden: this form was not sent by the console's own page\n", 403)
+    return {k: str(v) for k, v in form.items()}
+
+
+def _console(request: Request) -> Console:
+    return request.app.state.console
+
+
+# Endpoints that read other components are plain functions: Starlette runs them in its thread
+# pool, so one slow answer (or a diagnosis, run in the pool too) holds up no other request.
+
+
+def _selected_run(request: Request, runs: list[str]) -> str | None:
+    """?run=, else the native lab's run, else the newest run Prometheus holds."""
+    asked = request.query_params.get("run")
+    if asked:
+        return asked
+    lab = _console(request).sources.lab_run()
+    return lab if lab in runs else (runs[0] if runs else None)
+
+
+def index(request: Request) -> Response:
+    console = _console(request)
+    sources, problems = console.sources, []
+    try:
+        runs = sources.runs()
+    except UnavailableError as err:
+        runs, problems = [], [str(err)]
+    run = _selected_run(request, runs)
+    drill = sources.drill()
+    in_drill = drill is not None and drill["run_id"] == run
+    postmortem = _postmortem_file(sources, run, "md") if in_drill else None
+    return console.render(
+        "index.html", runs=runs, run=run, problems=problems, incidents=INCIDENTS,
+        notice=console.notices.get(request.query_params.get("notice", "")),
+        diagnosable=in_drill and drill.get("diagnosis") is None, diagnosed=in_drill and drill.get("diagnosis"),
+        postmortem=postmortem.name if postmortem else None, rules=sources.rules_link() if run else "",
+        grafana=sources.grafana(run) if run else "", prometheus=sources.prometheus_link,
+    )  # fmt: skip
+
+
+def plate(request: Request) -> Response:
+    run = request.query_params.get("run", "")
+    if not run:
+        return JSONResponse({"error": "run: which run to draw, e.g. ?run=corrupt_shard-0-083113"}, 400)
+    try:
+        return JSONResponse(_console(request).sources.plate(run))
+    except UnavailableError as err:
+        return JSONResponse({"error": str(err)}, 503)
+    except UsageError as err:  # a run Prometheus does not hold: collect() says so
+        return JSONResponse({"error": str(err)}, 404)
+
+
+def pages(request: Request) -> Response:
+    """The run's pages, newest first; those Alertmanager holds firing unsilenced get an Ack."""
+    console, run = _console(request), request.query_params.get("run", "")
+    found, unacked, problems = [], set(), []
+    try:
+        found = console.sources.pages(run) if run else []
+        unacked = console.sources.unacked(run) if run else set()
+    except UnavailableError as err:  # the pages still show if only Alertmanager is down
+        problems.append(str(err))
+    rules = console.sources.rules_link() if found else ""
+    return console.render("pages.html", pages=found, unacked=unacked, problems=problems, rules=rules)
+
+
+def runbook(request: Request) -> Response:
+    console, alert = _console(request), request.path_params["alert"]
+    try:
+        text = console.sources.runbook(alert)
+    except UnavailableError as err:
+        return console.render("runbook.html", alert=alert, html=None, problem=str(err))
+    html = console.markdown.render(text) if text is not None else None
+    return console.render("runbook.html", alert=alert, html=html, problem=None, status=200 if html else 404)
+
+
+async def ack(request: Request) -> Response:
+    console = _console(request)
+    form = await _form(console, request)
+    if isinstance(form, Response):
+        return form
+    alert, run = form.get("alert", ""), form.get("run", "")
+    if not ALERT_NAME.fullmatch(alert) or not run:
+        said = "ack: choose a firing alert of the run (its Ack button fills it in)"
+    else:
+        # `--flag=value`: a comment such as "--help" is a value, not an option
+        args = ["ack", alert, f"--run={run}", f"--comment={form.get('comment', '')}",
+                f"--alertmanager={console.sources.alertmanager}"]  # fmt: skip
+        _, said = await run_in_threadpool(console.command, *args)
+    return _back(run, console.notice(said))
+
+
+async def diagnose(request: Request) -> Response:
+    console = _console(request)
+    form = await _form(console, request)
+    if isinstance(form, Response):
+        return form
+    incident, step = form.get("incident", ""), form.get("step", "").strip()
+    args = ["diagnose", *([f"--step={step}"] if step else []), "--", incident]  # "--": an incident is never an option
+    _, said = await run_in_threadpool(console.command, *args)
+    return _back(form.get("run", ""), console.notice(said))
+
+
+async def write_postmortem(request: Request) -> Response:
+    console = _console(request)
+    form = await _form(console, request)
+    if isinstance(form, Response):
+        return form
+    _, said = await run_in_threadpool(console.command, "postmortem")
+    return _back(form.get("run", ""), console.notice(said))
+
+
+def postmortem(request: Request) -> Response:
+    console, run = _console(request), request.query_params.get("run", "")
+    found = _postmortem_file(console.sources, run, "md")
+    if found is None:
+        return PlainTextResponse("404 no postmortem for this run yet: diagnose the drill, then write it\n", 404)
+    return console.render("postmortem.html", run=run, html=console.markdown.render(found.read_text()))
+
+
+def postmortem_image(request: Request) -> Response:
+    name, folder = request.path_params["name"], _console(request).sources.state_dir
+    if folder is None or not POSTMORTEM_FILE.fullmatch(name) or not (folder / name).is_file():
+        return PlainTextResponse("404 not found\n", 404)
+    return FileResponse(folder / name)
+
+
+def ready(_: Request) -> Response:
+    return PlainTextResponse("OK\n")
+
+
+ROUTES = [
+    Route("/", index),
+    Route("/api/plate", plate),
+    Route("/pages", pages),
+    Route("/runbook/{alert}", runbook),
+    Route("/ack", ack, methods=["POST"]),
+    Route("/diagnose", diagnose, methods=["POST"]),
+    Route("/postmortem", write_postmortem, methods=["POST"]),
+    # at /postmortem/, so the Markdown's relative picture (postmortem-RUN-plate.png) resolves
+    Route("/postmortem/", postmortem, methods=["GET"]),
+    Route("/postmortem/{name}", postmortem_image),
+    Route("/-/ready", ready),
+    Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+]
+
+
+def make_app(sources: Sources, runwatch: list[str] | None = None) -> Starlette:
+    """The console's ASGI app, reading from sources; runwatch: how to run the command line."""
+    app = Starlette(routes=ROUTES, middleware=[Middleware(SecurityHeaders)])
+    app.state.console = Console(sources, runwatch)
+    return app
+
+
+class SecurityHeaders:
+    """ASGI middleware: every response forbids inline scripts, framing and content sniffing."""
+
+    HEADERS = [
+        (b"content-security-policy", CSP.encode()),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"same-origin"),
+    ]
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *self.HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
+
+
+def _back(run: str, notice: str) -> RedirectResponse:
+    """After an action, back to the run's page with its result (POST, redirect, GET)."""
+    return RedirectResponse("/?" + urlencode({"run": run, "notice": notice}), status_code=303)
+
+
+def _postmortem_file(sources: Sources, run: str | None, suffix: str) -> Path | None:
+    if sources.state_dir is None or not run:
+        return None
+    path = sources.state_dir / f"postmortem-{run}.{suffix}"
+    return path if POSTMORTEM_FILE.fullmatch(path.name) and path.is_file() else None

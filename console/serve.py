@@ -1,0 +1,93 @@
+"""`runwatch console`: serve the on-call console until interrupted.
+
+    runwatch console [--port 9096] [--prometheus URL] [--alertmanager URL] [--pager URL] [--state-dir DIR]
+
+`runwatch up` starts it beside the lab, with the lab's state directory (its run and its drill).
+Run alone, it reads any Prometheus, Alertmanager and pager, and links the browser to
+--prometheus-link and --grafana where those differ (in compose, prometheus:9090 inside and
+127.0.0.1:9090 in the browser).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+from pathlib import Path
+
+from runwatch.command import Parser, UsageError
+from runwatch.names import LOOPBACK, PORTS, url
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise UsageError(f"--port: a port in 1-65535, got {text!r}")
+    return int(text)
+
+
+def _url(flag: str):
+    def parse(text: str) -> str:
+        if text and not text.startswith(("http://", "https://")):
+            raise UsageError(f"{flag}: an http:// or https:// address, got {text!r}")
+        return text.rstrip("/")
+
+    return parse
+
+
+def parser() -> Parser:
+    p = Parser(prog="runwatch console", description="Serve the on-call console: plate, pages, runbooks, ack, diagnose.")
+    p.add_argument("--host", default=LOOPBACK, help=f"address to listen on (default {LOOPBACK}: this machine only)")
+    p.add_argument("--port", type=_port, default=PORTS["console"], help=f"port (default {PORTS['console']})")
+    for name in ("prometheus", "alertmanager", "pager"):
+        p.add_argument(f"--{name}", type=_url(f"--{name}"), default=url(name), metavar="URL",
+                       help=f"the {name} to read (default {url(name)})")  # fmt: skip
+    p.add_argument("--prometheus-link", type=_url("--prometheus-link"), default="", metavar="URL",
+                   help="Prometheus as the browser reaches it (default: --prometheus)")  # fmt: skip
+    p.add_argument("--grafana", type=_url("--grafana"), default="", metavar="URL",
+                   help="Grafana as the browser reaches it (compose), to link its dashboard")  # fmt: skip
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="the native lab's state directory: its current run, and its drill to diagnose")  # fmt: skip
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    try:
+        args = p.parse_args(argv)
+    except UsageError as e:
+        print(f"{p.prog}: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    if args.state_dir is not None and not args.state_dir.is_dir():
+        print(f"{p.prog}: --state-dir: {args.state_dir} is not a directory", file=sys.stderr)
+        return 2
+    # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on sockets that say they are
+    # TCP. Without it a kept-alive connection waited 40 ms for each answer (Nagle meeting the
+    # client's delayed ACK), measured by benchmarks/bench_console.py.
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as e:
+        sock.close()
+        why = "is already in use (--port)" if e.errno == errno.EADDRINUSE else f"cannot be bound: {e.strerror} (--host)"
+        print(f"{p.prog}: {args.host}:{args.port} {why}", file=sys.stderr)
+        return 2
+    # Imported here: `runwatch console --help` and its usage errors need none of the web stack.
+    import uvicorn
+
+    from console.app import make_app
+    from console.sources import Sources
+
+    sources = Sources(args.prometheus, args.alertmanager, args.pager, args.prometheus_link, args.grafana,
+                      args.state_dir.absolute() if args.state_dir else None)  # fmt: skip
+    config = uvicorn.Config(make_app(sources), log_level="warning", access_log=False, lifespan="off")
+    print(f"{p.prog}: http://{args.host}:{args.port}/ (Prometheus {args.prometheus})", file=sys.stderr, flush=True)
+    uvicorn.Server(config).run(sockets=[sock])  # stops on SIGINT and SIGTERM, as PID 1 in a container must
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""What the console reads, each over HTTP from the component that holds it.
+
+Prometheus: the runs and the plate, through the very queries of the "Watching a Run" dashboard
+(runwatch.dashboard_queries and runwatch.plate run them, so there is one copy of the PromQL).
+Alertmanager: which alerts fire unacknowledged. The pager: the page log and the runbooks.
+Nothing here decides whether an alert fired: the rules did, and the page log says so.
+
+Do not use this to act: acks and diagnoses go through `runwatch ack` and `runwatch diagnose`
+(console.app), so the console grades and silences exactly as the command line does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import requests
+
+from runwatch import dashboard_queries as dq
+from runwatch.paths import Layout
+from runwatch.plate import PANELS, PlateData, collect
+from runwatch.promserver import PromQLError, instant
+
+ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RUNS_LOOKBACK_S = 7 * 24 * 3600  # the run picker offers every run started in the last week
+TIMEOUT_S = 5
+
+
+class UnavailableError(RuntimeError):
+    """A component did not answer; the message names it and its address."""
+
+
+@dataclass
+class Sources:
+    """Where the console reads from (server side) and what it links to (the learner's browser).
+
+    In compose the two differ: the console reaches Prometheus as http://prometheus:9090, the
+    browser as http://127.0.0.1:9090.
+    """
+
+    prometheus: str
+    alertmanager: str
+    pager: str
+    prometheus_link: str = ""
+    grafana_link: str = ""
+    state_dir: Path | None = None  # the native lab's: its run, and its drill
+    dashboard: dict = field(default_factory=dict)
+    _rules_path: str | None = None
+
+    def __post_init__(self) -> None:
+        self.prometheus, self.alertmanager, self.pager = (
+            u.rstrip("/") for u in (self.prometheus, self.alertmanager, self.pager)
+        )
+        self.prometheus_link = (self.prometheus_link or self.prometheus).rstrip("/")
+        self.grafana_link = self.grafana_link.rstrip("/")
+        if not self.dashboard:
+            self.dashboard = dq.load(Layout().dashboards_dir / "watching-a-run.json")
+
+    # --- runs ---
+
+    def runs(self, now: float | None = None) -> list[str]:
+        """Every run Prometheus holds from the last week, newest first: the dashboard's $run."""
+        end = now if now is not None else time.time()
+        [variable] = [q for q in dq.queries(self.dashboard) if q.kind == "variable" and q.title == "run"]
+        try:
+            return [r["metric"]["value"] for r in dq.run(self.prometheus, variable, {}, end - RUNS_LOOKBACK_S, end)]
+        except (requests.RequestException, PromQLError) as err:
+            raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
+
+    def lab_run(self) -> str | None:
+        """The native lab's current run (its lab.json), if the console was given its state dir."""
+        if self.state_dir is None:
+            return None
+        try:
+            return str(json.loads((self.state_dir / "lab.json").read_text())["run_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def run_info(self, run_id: str) -> dict[str, Any]:
+        """A run's start and end (Unix seconds; end None while it runs) and whether it is a drill."""
+        sel = f'{{run_id="{run_id}"}}'
+        window = f"[{RUNS_LOOKBACK_S}s]"
+
+        def last(metric: str) -> float | None:
+            found = instant(self.prometheus, f"last_over_time({metric}{sel}{window})")
+            return float(found[0]["value"][1]) if found else None
+
+        try:
+            started, ended = last("runwatch_train_run_start_time_seconds"), last("runwatch_train_run_end_time_seconds")
+            info = instant(self.prometheus, f"last_over_time(runwatch_train_run_info{sel}{window})")
+        except (requests.RequestException, PromQLError) as err:
+            raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
+        incident = info[0]["metric"].get("incident", "") if info else ""
+        return {"started": started, "ended": ended, "drill": incident == "hidden", "incident": incident}
+
+    # --- the plate ---
+
+    def plate(self, run_id: str, now: float | None = None) -> dict[str, Any]:
+        """The run's plate by training step, as uPlot draws it: for each panel the steps and one
+        list of values per curve (None where a curve has no point), the incident windows (none in
+        a drill), the step each alert first fired at, and a Prometheus link per panel."""
+        info = self.run_info(run_id)
+        end = now if now is not None else time.time()
+        if info["ended"] is not None:
+            end = min(end, info["ended"] + 5)
+        start = (info["started"] or end - 900) - 5
+        try:
+            data = collect(self.prometheus, run_id, since_s=max(end - start, 10), now=end)
+        except (requests.RequestException, PromQLError) as err:
+            raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
+        return {
+            "run_id": run_id,
+            "drill": info["drill"],
+            "started": info["started"],
+            "ended": info["ended"],
+            "panels": {key: aligned(data, key) for key in ("loss", "grad", "throughput")},
+            "incident": [] if info["drill"] else data.incident,
+            "readouts": data.readouts,
+            "links": {key: self.graph_link(key, run_id, end - start) for key in ("loss", "grad", "throughput")},
+        }
+
+    def graph_link(self, key: str, run_id: str, range_s: float) -> str:
+        """The panel's queries, opened in Prometheus's graph page (classic on Debian's build)."""
+        params: dict[str, str] = {}
+        panel = [q for q in dq.queries(self.dashboard) if q.kind == "panel" and q.title == PANELS[key]]
+        for i, q in enumerate(panel):
+            params[f"g{i}.expr"] = dq.substitute(q.expr, {"run": run_id}, range_s, q)
+            params[f"g{i}.tab"] = "0"
+            params[f"g{i}.range_input"] = f"{max(int(range_s // 60) + 1, 1)}m"
+        return f"{self.prometheus_link}/graph?{urlencode(params)}"
+
+    def rules_link(self) -> str:
+        """Prometheus's rules page: /classic/rules on Debian's build (its only UI), else /rules."""
+        if self._rules_path is None:
+            try:
+                classic = requests.get(f"{self.prometheus}/classic/rules", timeout=TIMEOUT_S).status_code == 200
+            except requests.RequestException:
+                return f"{self.prometheus_link}/rules"  # ask again next time
+            self._rules_path = "/classic/rules" if classic else "/rules"
+        return f"{self.prometheus_link}{self._rules_path}"
+
+    def grafana(self, run_id: str) -> str:
+        """The Grafana dashboard for the run, where Grafana runs (compose); "" natively."""
+        if not self.grafana_link:
+            return ""
+        return f"{self.grafana_link}/d/runwatch-watching-a-run?var-run={quote(run_id)}"
+
+    # --- pages, acks, runbooks ---
+
+    def pages(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's pages, newest first, as the pager stored them."""
+        try:
+            resp = requests.get(f"{self.pager}/api/pages", params={"run_id": run_id}, timeout=TIMEOUT_S)
+            resp.raise_for_status()
+            pages = resp.json()["pages"]
+        except (requests.RequestException, ValueError, KeyError) as err:
+            raise UnavailableError(f"the pager at {self.pager} did not answer ({type(err).__name__})") from None
+        return [p for p in reversed(pages) if isinstance(p, dict)]
+
+    def unacked(self, run_id: str) -> set[str]:
+        """The run's alerts that fire in Alertmanager with no silence: the ones an ack can take."""
+        params = {"filter": [f'run_id="{run_id}"'], "active": "true", "silenced": "false", "inhibited": "false"}
+        try:
+            resp = requests.get(f"{self.alertmanager}/api/v2/alerts", params=params, timeout=TIMEOUT_S)
+            resp.raise_for_status()
+            return {a["labels"].get("alertname", "") for a in resp.json()}
+        except (requests.RequestException, ValueError, KeyError, TypeError) as err:
+            raise UnavailableError(
+                f"Alertmanager at {self.alertmanager} did not answer ({type(err).__name__})"
+            ) from None
+
+    def runbook(self, alert: str) -> str | None:
+        """The runbook's Markdown, as the pager serves it; None if there is none."""
+        if not ALERT_NAME.fullmatch(alert):
+            return None
+        try:
+            resp = requests.get(f"{self.pager}/runbooks/{alert}.md", timeout=TIMEOUT_S)
+        except requests.RequestException as err:
+            raise UnavailableError(f"the pager at {self.pager} did not answer ({type(err).__name__})") from None
+        return resp.text if resp.status_code == 200 else None
+
+    # --- the drill ---
+
+    def drill(self) -> dict[str, Any] | None:
+        """The native lab's drill record (drill.json), if there is one."""
+        if self.state_dir is None:
+            return None
+        try:
+            record = json.loads((self.state_dir / "drill.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) and isinstance(record.get("run_id"), str) else None
+
+
+def aligned(data: PlateData, key: str) -> dict[str, Any]:
+    """One panel's curves on one x axis of steps, as uPlot takes them ([x, y1, y2, ...])."""
+    curves = data.series.get(key, {})
+    steps = sorted({s for pts in curves.values() for s, _ in pts})
+    series = []
+    for label, pts in curves.items():
+        at = {s: v for s, v in pts if math.isfinite(v)}  # JSON has no NaN; a gap draws as one
+        series.append({"label": label, "values": [at.get(s) for s in steps]})
+    return {"steps": steps, "series": series}

@@ -1,0 +1,162 @@
+// The console's one script: the live plate (uPlot), the pages list, the runbook pane.
+// Served from this package; the page allows no other script (Content-Security-Policy).
+"use strict";
+
+const REFRESH_MS = 1000; // the plate and the pages follow Prometheus and the pager within ~2 s
+
+const root = document.getElementById("console");
+const charts = {};
+const state = { plate: null, pagesHtml: "" };
+window.runwatchConsole = { charts, state }; // what the browser tests read
+
+const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"];
+const MARKS = ["#9467bd", "#ff7f0e", "#2ca02c", "#8c564b", "#e377c2", "#bcbd22"];
+
+function seriesStyle(label, i) {
+  const s = { label, stroke: COLOURS[i % COLOURS.length], width: 1, spanGaps: true };
+  if (label === "held-out loss") {
+    return { ...s, paths: () => null, points: { show: true, size: 7, fill: COLOURS[i % COLOURS.length] } };
+  }
+  if (label.startsWith("expected") || label.startsWith("alert threshold")) {
+    return { ...s, dash: [8, 6], stroke: "#d62728", points: { show: false } };
+  }
+  return { ...s, points: { show: false } };
+}
+
+// The incident window (shaded) and a dotted line where each alert first fired, with its name.
+function marksPlugin() {
+  return {
+    hooks: {
+      drawClear: [(u) => {
+        const p = state.plate;
+        if (!p) return;
+        const { ctx, bbox } = u;
+        ctx.save();
+        ctx.fillStyle = "rgba(255, 0, 0, 0.12)";
+        for (const [lo, hi] of p.incident) {
+          const x0 = u.valToPos(lo, "x", true), x1 = u.valToPos(hi + 1, "x", true);
+          ctx.fillRect(x0, bbox.top, Math.max(x1 - x0, 1), bbox.height);
+        }
+        ctx.restore();
+      }],
+      draw: [(u) => {
+        const p = state.plate;
+        if (!p) return;
+        const { ctx, bbox } = u;
+        const byStep = {};
+        for (const [alert, step] of Object.entries(p.readouts)) {
+          if (step !== null) (byStep[step] = byStep[step] || []).push(alert);
+        }
+        ctx.save();
+        ctx.setLineDash([3, 3]);
+        ctx.font = `${10 * devicePixelRatio}px sans-serif`;
+        Object.entries(byStep).forEach(([step, alerts], i) => {
+          const x = u.valToPos(Number(step), "x", true);
+          ctx.strokeStyle = ctx.fillStyle = MARKS[i % MARKS.length];
+          ctx.beginPath();
+          ctx.moveTo(x, bbox.top);
+          ctx.lineTo(x, bbox.top + bbox.height);
+          ctx.stroke();
+          // one line of text per mark, stacked, so marks a step apart stay readable
+          ctx.fillText(`${alerts.join(", ")} ${step}`, x + 3 * devicePixelRatio, bbox.top + (12 + 12 * i) * devicePixelRatio);
+        });
+        ctx.restore();
+      }],
+    },
+  };
+}
+
+function makeChart(key, panel) {
+  const el = document.getElementById(`chart-${key}`);
+  const opts = {
+    width: Math.max(el.clientWidth, 400),
+    height: 220,
+    scales: { x: { time: false }, y: key === "loss" ? { distr: 3 } : {} },
+    // whole steps on x; room on y for "65,000" tokens/s
+    axes: [{ label: "training step", incrs: [1, 2, 5, 10, 20, 25, 50, 100, 200, 500, 1000] }, { size: 70 }],
+    series: [{ label: "step" }, ...panel.series.map((s, i) => seriesStyle(s.label, i))],
+    plugins: [marksPlugin()],
+  };
+  return new uPlot(opts, toData(panel), el);
+}
+
+function toData(panel) {
+  return [panel.steps, ...panel.series.map((s) => s.values)];
+}
+
+function showReadouts(p) {
+  const parts = Object.entries(p.readouts).map(([a, s]) => `${a} ${s === null ? "\u2014" : s}`);
+  document.getElementById("readouts").textContent = parts.join("  \u00b7  ");
+  const ended = p.ended ? `finished ${new Date(p.ended * 1000).toISOString().slice(11, 19)} UTC` : "running";
+  const last = p.panels.loss.steps.length ? `step ${p.panels.loss.steps[p.panels.loss.steps.length - 1]}, ` : "";
+  document.getElementById("run-state").textContent = `(${last}${ended}${p.drill ? ", a drill" : ""})`;
+  for (const key of Object.keys(p.links)) {
+    document.getElementById(`link-${key}`).href = p.links[key];
+  }
+}
+
+async function refreshPlate() {
+  const run = root.dataset.run;
+  const problem = document.getElementById("plate-problem");
+  try {
+    const resp = await fetch(`/api/plate?run=${encodeURIComponent(run)}`);
+    const p = await resp.json();
+    if (!resp.ok) throw new Error(p.error || resp.statusText);
+    state.plate = p;
+    problem.hidden = true;
+    for (const key of ["loss", "grad", "throughput"]) {
+      const panel = p.panels[key];
+      const labels = panel.series.map((s) => s.label).join("|");
+      if (!charts[key] || charts[key]._labels !== labels) {
+        if (charts[key]) charts[key].destroy();
+        charts[key] = makeChart(key, panel);
+        charts[key]._labels = labels;
+      } else {
+        charts[key].setData(toData(panel));
+      }
+    }
+    showReadouts(p);
+  } catch (err) {
+    problem.textContent = `The plate cannot be drawn now: ${err.message}`;
+    problem.hidden = false;
+  }
+}
+
+async function refreshPages() {
+  const box = document.getElementById("pages");
+  try {
+    const resp = await fetch(`/pages?run=${encodeURIComponent(box.dataset.run)}`);
+    const html = await resp.text();
+    if (html !== state.pagesHtml) { // replaced only when it changed: no flicker, no lost focus
+      state.pagesHtml = html;
+      box.innerHTML = html; // rendered and escaped by the server's templates
+    }
+  } catch (err) {
+    // the next refresh tries again; the list keeps what it showed
+  }
+}
+
+async function showRunbook(alert) {
+  const pane = document.getElementById("runbook");
+  const resp = await fetch(`/runbook/${encodeURIComponent(alert)}`);
+  pane.innerHTML = await resp.text(); // Markdown rendered by the server with raw HTML disabled
+  pane.scrollTop = 0;
+}
+
+if (root) {
+  document.getElementById("pages").addEventListener("click", (ev) => {
+    const button = ev.target.closest("button");
+    if (!button) return;
+    if (button.classList.contains("show-runbook")) showRunbook(button.dataset.alert);
+    if (button.classList.contains("ack")) {
+      document.getElementById("ack-alert").value = button.dataset.alert;
+      document.getElementById("ack-comment").focus();
+    }
+  });
+  const picker = document.getElementById("run-picker");
+  picker.addEventListener("change", () => picker.form.submit());
+  refreshPlate();
+  refreshPages();
+  setInterval(refreshPlate, REFRESH_MS);
+  setInterval(refreshPages, REFRESH_MS);
+}

@@ -1,0 +1,116 @@
+"""The on-call console in a real browser (Debian's chromium, driven by Playwright) on the
+session's live lab: `runwatch up` serves it at http://127.0.0.1:9096/.
+
+The curves appear and follow the run, a page shows within 3 s of the pager storing it, HTML in a
+page is shown as text, the runbook renders, and Ack creates the silence in Alertmanager.
+Diagnosing a drill in the browser is in test_drill_e2e.py (a drill is a lab of its own).
+"""
+
+from __future__ import annotations
+
+import time
+
+import requests
+
+from oncall.pager import read_pages
+from runwatch.promserver import instant
+from tests.conftest import CONSOLE, wait_for
+
+PROM, AM, PAGER = "http://127.0.0.1:9090", "http://127.0.0.1:9093", "http://127.0.0.1:9095"
+REFRESH_S = 1.0  # console.js polls the plate and the pages every second
+
+
+def chart_points(tab, key: str) -> int:
+    return tab.evaluate(f"() => (window.runwatchConsole.charts.{key} || {{data: [[]]}}).data[0].length")
+
+
+def test_ack_in_the_browser_creates_the_silence_in_alertmanager(lab, tab):
+    """First of the lab's tests: the corrupt shard's TrainingLossJump fires for about 13 s after
+    its page (its 30-step baseline takes that long to absorb the shuffled labels' loss), while
+    GradientNormJump may resolve within 3 s."""
+    alert = "TrainingLossJump"
+    tab.goto(f"{CONSOLE}/?run={lab.run_id}")
+    button = tab.wait_for_selector(f'li.page[data-alert="{alert}"] button.ack', timeout=90_000)
+    button.click()
+    assert tab.input_value("#ack-alert") == alert
+    tab.fill("#ack-comment", "loss 20x and gradient norm 5x at once: bad data?")
+    tab.click("#ack-submit")
+    assert f"acknowledged {alert} for run {lab.run_id}" in tab.wait_for_selector("#notice").inner_text()
+    silences = [
+        s for s in requests.get(f"{AM}/api/v2/silences", timeout=5).json()
+        if {"name": "run_id", "value": lab.run_id, "isRegex": False, "isEqual": True} in s["matchers"]
+    ]  # fmt: skip
+    assert len(silences) == 1 and silences[0]["status"]["state"] == "active"
+    assert silences[0]["comment"] == "loss 20x and gradient norm 5x at once: bad data?"
+    assert {"name": "alertname", "value": alert, "isRegex": False, "isEqual": True} in silences[0]["matchers"]
+    # The page no longer offers an ack: Alertmanager holds it silenced.
+    tab.wait_for_selector(f'li.page[data-alert="{alert}"] button.ack', state="detached", timeout=5000)
+
+
+def test_the_plate_appears_and_follows_the_run(lab, tab):
+    wait_for(lambda: instant(PROM, f'runwatch_train_step{{run_id="{lab.run_id}"}} >= 305'), 90, "step 305")
+    tab.goto(f"{CONSOLE}/?run={lab.run_id}")
+    tab.wait_for_function("() => window.runwatchConsole.state.plate !== null", timeout=10_000)
+    before = {key: chart_points(tab, key) for key in ("loss", "grad", "throughput")}
+    assert all(n > 20 for n in before.values()), before
+    # A new step is scraped every second and drawn at the next refresh: 2 s of the run, 1 of polling.
+    tab.wait_for_function(
+        f"() => window.runwatchConsole.charts.loss.data[0].length > {before['loss']}",
+        timeout=(2 + REFRESH_S + 2) * 1000,
+    )
+    plate = tab.evaluate("() => window.runwatchConsole.state.plate")
+    assert [s["label"] for s in plate["panels"]["loss"]["series"]][:2] == ["training loss", "held-out loss"]
+    assert plate["incident"] and plate["incident"][0][0] >= 300  # the corrupt shard's window, shaded
+    assert 300 <= plate["readouts"]["GradientNormJump"] <= 302
+    assert "GradientNormJump 30" in tab.inner_text("#readouts")
+    # Every link out opens: each panel's queries in Prometheus's graph page, and the rules page.
+    for key in ("loss", "grad", "throughput"):
+        href = tab.get_attribute(f"#link-{key}", "href")
+        assert href.startswith(f"{PROM}/graph?g0.expr=") and lab.run_id in requests.utils.unquote(href)
+        assert requests.get(href, timeout=10).status_code == 200
+    rules = tab.get_attribute("#rules-link", "href")
+    assert rules == f"{PROM}/classic/rules" and requests.get(rules, timeout=10).status_code == 200
+
+
+def forged_page(run_id: str, text: str) -> dict:
+    return {
+        "status": "firing", "fingerprint": f"html{time.time_ns()}", "startsAt": "2026-01-01T00:00:00Z",
+        "labels": {"alertname": "HtmlInAPage", "run_id": run_id, "severity": "page"},
+        "annotations": {"summary": text, "description": text},
+    }  # fmt: skip
+
+
+def test_a_page_shows_within_3s_of_the_pager_storing_it_and_its_html_as_text(lab, tab):
+    """A page whose text holds HTML and script (any local process may post one) shows as text."""
+    run_id = "e2e-console-html"
+    tab.goto(f"{CONSOLE}/?run={run_id}")
+    tab.wait_for_selector("#no-pages")
+    text = '<img src=x onerror="alert(1)"><b>bold</b><script>alert(2)</script>'
+    resp = requests.post(f"{PAGER}/webhook", json={"alerts": [forged_page(run_id, text)]}, timeout=5)
+    assert resp.json()["stored"] == 1
+    row = tab.wait_for_selector('li.page[data-alert="HtmlInAPage"]', timeout=3000)  # the issue's bound
+    assert text in row.inner_text()
+    for part in (".summary", ".description"):  # the page's own text: not one element made of it
+        assert row.query_selector(part).evaluate("el => el.children.length") == 0
+    assert row.query_selector("img") is None and row.query_selector("script") is None
+
+
+def test_a_runbook_renders_beside_the_pages(lab, tab):
+    wait_for(lambda: [p for p in read_pages(lab.page_log) if p["run_id"] == lab.run_id], 90, "the incident's page")
+    tab.goto(f"{CONSOLE}/?run={lab.run_id}")
+    tab.click('li.page[data-alert="GradientNormJump"] button.show-runbook')
+    article = tab.wait_for_selector('#runbook article[data-alert="GradientNormJump"]')
+    assert article.query_selector("h1").inner_text() == "GradientNormJump"
+    assert article.query_selector("pre code") is not None  # its PromQL, as code
+
+
+def test_a_form_from_another_origin_is_refused(lab):
+    resp = requests.post(f"{CONSOLE}/ack", data={"alert": "TrainingLossJump", "run": lab.run_id}, timeout=5)
+    assert resp.status_code == 403
+    resp = requests.post(
+        f"{CONSOLE}/ack",
+        data={"alert": "X", "run": "r", "token": "guess"},
+        headers={"Origin": "http://evil"},
+        timeout=5,
+    )
+    assert resp.status_code == 403
