@@ -1,0 +1,103 @@
+"""The backtest against another commit's, side by side: cold, after a rule edit, and readouts.
+
+    python benchmarks/bench_backtest.py [--baseline COMMIT] [--repeats 3] [--seeds 100-199]
+
+Checks the baseline commit out into a temporary git worktree and runs `runwatch backtest` there
+and in this checkout, alternately, `--repeats` times each, on the same machine and seeds:
+
+- cold: the full backtest as a learner first runs it;
+- after a rule edit: HeldOutGap's threshold moved (2 -> 1.9) in a copy of the rules, run once
+  the cold run is done, as in the edit-and-see loop;
+- readouts: every run's first-fire steps from both implementations, compared bit for bit.
+
+Each implementation runs from its own tree (`python -m runwatch` with that tree as the working
+directory, so its own modules and its own rule files) with this environment's packages. The
+figures are wall-clock seconds of the whole command, best and median of the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def backtest(tree: Path, seeds: str, out: Path, rules: Path | None = None) -> float:
+    """Wall seconds of one `runwatch backtest` run from tree; its JSON goes to out."""
+    argv = [sys.executable, "-m", "runwatch", "backtest", "--seeds", seeds, "--json", str(out)]
+    if rules is not None:
+        argv += ["--rules", str(rules)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, cwd=tree, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_backtest: backtest in {tree} failed: {proc.stderr.strip()[-500:]}")
+    return seconds
+
+
+def edited_rules(tree: Path, into: Path) -> Path:
+    """A copy of tree's rules with HeldOutGap's threshold moved: a learner's edit."""
+    rules = into / "rules"
+    shutil.copytree(tree / "prometheus" / "rules", rules)
+    alerts = rules / "alerts.yml"
+    text = alerts.read_text()
+    old = "run:runwatch_train_heldout_to_train_loss:ratio20s > 2\n"
+    if old not in text:
+        raise SystemExit(f"bench_backtest: {alerts} no longer holds {old.strip()!r}")
+    alerts.write_text(text.replace(old, old.replace("> 2", "> 1.9")))
+    return rules
+
+
+def first_fires(path: Path) -> list[tuple]:
+    runs = json.loads(path.read_text())["runs"]
+    return sorted((r["incident"], r["seed"], sorted(r["first_fire"].items(), key=str)) for r in runs)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--baseline", default="HEAD", help="the commit to compare with (default HEAD)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each implementation (default 3)")
+    p.add_argument("--seeds", default="100-199", help="seeds to backtest (default 100-199)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-backtest-") as tmp_name:
+        tmp = Path(tmp_name)
+        base = tmp / "baseline"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(base), args.baseline],
+                       check=True, capture_output=True)  # fmt: skip
+        try:
+            trees = {f"baseline {args.baseline}": base, "this checkout": REPO}
+            cold: dict[str, list[float]] = {name: [] for name in trees}
+            warm: dict[str, list[float]] = {name: [] for name in trees}
+            for i in range(args.repeats):
+                for name, tree in trees.items():
+                    out = tmp / f"{name.split()[0]}-{i}.json"
+                    cold[name].append(backtest(tree, args.seeds, out))
+                    rules = edited_rules(tree, tmp / f"{name.split()[0]}-{i}")
+                    warm[name].append(backtest(tree, args.seeds, tmp / f"{name.split()[0]}-{i}-edit.json", rules))
+                    said = f"cold {cold[name][-1]:.1f} s, after a rule edit {warm[name][-1]:.1f} s"
+                    print(f"repeat {i + 1}: {name}: {said}", file=sys.stderr)
+            same = first_fires(tmp / "baseline-0.json") == first_fires(tmp / "this-0.json")
+            same_edited = first_fires(tmp / "baseline-0-edit.json") == first_fires(tmp / "this-0-edit.json")
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], capture_output=True)
+    print(f"runwatch backtest --seeds {args.seeds}, {args.repeats} runs each, wall seconds (best / median)")
+    print(f"{'implementation':28s} {'cold':>14s} {'after a rule edit':>20s}")
+    for name in cold:
+        c, w = cold[name], warm[name]
+        print(f"{name:28s} {min(c):6.1f} / {statistics.median(c):5.1f} {min(w):11.1f} / {statistics.median(w):5.1f}")
+    ratio = statistics.median(cold["this checkout"]) / statistics.median(cold[f"baseline {args.baseline}"])
+    print(f"cold, median: {ratio:.0%} of the baseline's")
+    print(f"readouts bit for bit the same: {same} (shipped rules), {same_edited} (edited rules)")
+    return 0 if same and same_edited else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
