@@ -268,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{parser.prog}: --log: {args.log} is a directory, not a page log", file=sys.stderr)
         return 2
     if not args.follow and not args.log.exists():
+        if lab_started(args.log) is not None:  # a lab whose pager has not paged yet
+            print(f"{parser.prog}: no page yet: the lab's pager writes {args.log} at its first page", file=sys.stderr)
+            return 0
         print(f"{parser.prog}: no page log at {args.log}: start a lab with `runwatch up` (its log is "
               "STATE_DIR/pages.jsonl), or pass --log", file=sys.stderr)  # fmt: skip
         return 1

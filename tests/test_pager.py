@@ -520,6 +520,14 @@ def test_no_page_log_advises_a_command_that_exists(tmp_path, capsys):
     assert "runwatch up" in err and "pager-serve" not in err and err.count("\n") == 1
 
 
+def test_a_running_lab_without_a_page_yet_says_so(tmp_path, capsys):
+    """Not "start a lab": there is one (its lab.json), and its pager has not paged yet."""
+    (tmp_path / "lab.json").write_text(json.dumps({"run_id": "none-0-000000", "started_at": NOW}))
+    assert main(["--log", str(tmp_path / "pages.jsonl"), "--prometheus", ""]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("runwatch pager: no page yet") and "runwatch up" not in err
+
+
 # --- command lines ---
 
 
