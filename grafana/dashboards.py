@@ -173,6 +173,22 @@ HELDOUT_DOTS = f"runwatch_train_heldout_loss{{{RUN}}} and on(run_id) (runwatch_t
 EXPECTED = "expected (power law fitted to early steps)"
 
 
+def loss_curves(panel: timeseries.Panel | trend.Panel) -> timeseries.Panel | trend.Panel:
+    """The plate's loss curves on a panel of either axis: training loss, held-out dots (1 s
+    points), the expected curve dashed, on a log scale."""
+    return (
+        panel.with_target(query(f"runwatch_train_loss{{{RUN}}}", "training loss", "A"))
+        .with_target(query(HELDOUT_DOTS, "held-out loss", "B"))
+        .with_target(query(f"runwatch_train_expected_loss{{{RUN}}}", EXPECTED, "C"))
+        .override_by_name("held-out loss", points("held-out loss"))
+        .override_by_name(EXPECTED, dashed("expected"))
+        .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
+        .unit("none")
+        .interval(DOT_INTERVAL)
+        .max_data_points(DOT_MAX_POINTS)
+    )
+
+
 def loss_by_step() -> trend.Panel:
     """The plate's loss panel with the plate's x axis: the training step, not wall time.
 
@@ -180,7 +196,7 @@ def loss_by_step() -> trend.Panel:
     each curve by time (one row per scrape). A slow node's steps are as wide as a healthy run's
     here, and a restarted run's steps do not stretch across the gap.
     """
-    return (
+    panel = (
         trend.Panel()
         .title("Training loss by step (the plate's x axis)")
         .description(
@@ -189,9 +205,6 @@ def loss_by_step() -> trend.Panel:
         )
         .datasource(PROMETHEUS)
         .with_target(query(f"runwatch_train_step{{{RUN}}}", "step", "STEP"))
-        .with_target(query(f"runwatch_train_loss{{{RUN}}}", "training loss", "A"))
-        .with_target(query(HELDOUT_DOTS, "held-out loss", "B"))
-        .with_target(query(f"runwatch_train_expected_loss{{{RUN}}}", EXPECTED, "C"))
         .with_transformation(DataTransformerConfig(id_val="joinByField", options={"byField": "Time", "mode": "outer"}))
         .x_field("step")
         # the SDK's trend builder hides the legend, which Grafana shows on a time series by default
@@ -205,34 +218,20 @@ def loss_by_step() -> trend.Panel:
         .fill_opacity(0)
         .show_points(common.VisibilityMode.NEVER)
         .span_nulls(True)
-        .override_by_name("held-out loss", points("held-out loss"))
-        .override_by_name(EXPECTED, dashed("expected"))
-        .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
-        .unit("none")
-        .interval(DOT_INTERVAL)
-        .max_data_points(DOT_MAX_POINTS)
         .height(8)
         .span(12)
     )
+    return loss_curves(panel)
 
 
 def curves() -> list[timeseries.Panel]:
     """The plate's curves: loss with held-out dots and the expected curve, gradient norm, throughput."""
-    loss = (
+    loss = loss_curves(
         series_panel(
             "Training loss (thin) and held-out loss (dots)",
             "Training loss of each step's batch, and held-out loss on 400 fixed examples, refreshed every "
             "10 steps. A repeated batch shows as training loss far below held-out.",
         )
-        .with_target(query(f"runwatch_train_loss{{{RUN}}}", "training loss", "A"))
-        .with_target(query(HELDOUT_DOTS, "held-out loss", "B"))
-        .with_target(query(f"runwatch_train_expected_loss{{{RUN}}}", EXPECTED, "C"))
-        .override_by_name("held-out loss", points("held-out loss"))
-        .override_by_name(EXPECTED, dashed("expected"))
-        .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
-        .unit("none")
-        .interval(DOT_INTERVAL)
-        .max_data_points(DOT_MAX_POINTS)
     )
     grad = (
         series_panel(
