@@ -52,13 +52,9 @@ def parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
-    try:
-        args = p.parse_args(argv)
-    except UsageError as e:
-        print(f"{p.prog}: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
+    args = p.parse_or_status(argv)
+    if isinstance(args, int):
+        return args
     if args.state_dir is not None and not args.state_dir.is_dir():
         print(f"{p.prog}: --state-dir: {args.state_dir} is not a directory", file=sys.stderr)
         return 2

@@ -31,7 +31,7 @@ from oncall.pager import (
     received_time,
     rfc3339_ms,
 )
-from runwatch.command import Parser, UsageError
+from runwatch.command import Parser
 
 DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
 PROMETHEUS = "http://127.0.0.1:9090"  # the lab's, natively and through compose's published port
@@ -257,13 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         "--prometheus", default=PROMETHEUS, metavar="URL",
         help=f"ask it which alerts fired but never paged (default {PROMETHEUS}; '' not to ask)",
     )  # fmt: skip
-    try:
-        args = parser.parse_args(argv)
-    except UsageError as e:
-        print(f"{parser.prog}: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
+    args = parser.parse_or_status(argv)
+    if isinstance(args, int):
+        return args
     if args.log.is_dir():
         print(f"{parser.prog}: --log: {args.log} is a directory, not a page log", file=sys.stderr)
         return 2
@@ -306,13 +302,9 @@ def serve_main(argv: list[str] | None = None) -> int:
         "--watchdog-timeout", type=_seconds, default=WATCHDOG_TIMEOUT_S, metavar="SECONDS",
         help=f"page {WATCHDOG_SILENT} when the Watchdog heartbeat stops this long (default {WATCHDOG_TIMEOUT_S:g})",
     )  # fmt: skip
-    try:
-        args = parser.parse_args(argv)
-    except UsageError as e:
-        print(f"{parser.prog}: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
+    args = parser.parse_or_status(argv)
+    if isinstance(args, int):
+        return args
     if not args.runbooks.is_dir():
         print(f"{parser.prog}: --runbooks: {args.runbooks} is not a directory", file=sys.stderr)
         return 2

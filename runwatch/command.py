@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -27,6 +28,18 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+    def parse_or_status(self, argv: Sequence[str] | None) -> argparse.Namespace | int:
+        """parse_args for a command that runs on its own (pager, pager-serve, console): the
+        namespace, or the exit status once a one-line usage error is on stderr (2) or --help
+        has printed (0)."""
+        try:
+            return self.parse_args(argv)
+        except UsageError as e:
+            print(f"{self.prog}: {e}", file=sys.stderr)
+            return 2
+        except SystemExit as e:  # --help
+            return int(e.code or 0)
 
 
 Command = Callable[[argparse.Namespace], int]
