@@ -36,9 +36,9 @@ from starlette.staticfiles import StaticFiles
 
 from console.sources import ALERT_NAME, Sources, UnavailableError
 from runwatch.command import UsageError
+from trainer.config import INCIDENTS  # what a diagnosis may name, as runwatch diagnose takes it
 
 HERE = Path(__file__).parent
-INCIDENTS = ("none", "lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
 COMMAND_TIMEOUT_S = 120  # a diagnosis draws nothing, but reads Prometheus and the page log
 NOTICES_KEPT = 50
 # No inline script or style can run: everything the page runs is this package's own file.

@@ -90,12 +90,13 @@ def test_the_pager_stands_alone():
         assert others <= {"runwatch.command"}, (name, others)
 
 
-# What the console may use of the house: the command-line conventions, the lab's names, and the
-# dashboards' queries with the plate that runs them (one copy of the PromQL). Not the lab, the
-# drill or the command line: it acts through `runwatch ack` and `runwatch diagnose`.
+# What the console may use of the house: the command-line conventions, the lab's names, the
+# incidents a diagnosis may name, and the dashboards' queries with the plate that runs them (one
+# copy of the PromQL). Not the lab, the drill or the command line: it acts through `runwatch ack`
+# and `runwatch diagnose`.
 CONSOLE_USES = {
     "runwatch.command", "runwatch.names", "runwatch.dashboard_queries", "runwatch.plate", "runwatch.paths",
-    "runwatch.promserver",
+    "runwatch.promserver", "trainer.config",
 }  # fmt: skip
 
 
