@@ -59,7 +59,8 @@ def latest_run(base: str) -> str:
 
 def collect(base: str, run_id: str, since_s: float, now: float | None = None) -> PlateData:
     """Run the dashboard's queries for one run over the last since_s seconds."""
-    end = math.floor(now if now is not None else time.time())  # whole seconds, as the panels' 1 s steps
+    # whole seconds, as the panels' 1 s steps; rounded up, so the last scrape is not cut off
+    end = math.ceil(now if now is not None else time.time())
     start = end - math.ceil(since_s)
     dash = dq.load(Layout().dashboards_dir / "watching-a-run.json")
     variables = {"run": run_id}
@@ -131,12 +132,17 @@ def draw(data: PlateData, out: Path) -> None:
                 ax.plot(xs, ys, label=legend, **style)
         for lo, hi in data.incident:
             ax.axvspan(lo, hi + 1, color="red", alpha=0.12, label="incident" if key == "loss" else None)
+        previous = None
         for (step, alerts), color in zip(fired.items(), MARKS, strict=False):
             ax.axvline(step, color=color, linestyle=":", linewidth=1.2)
-            if key == "loss":  # name each mark once, at the top of the figure
+            # Name each mark once, at the top of the figure; a mark within 15 steps of the one
+            # before has its name lower down, so two names a step apart do not print over each other.
+            close = previous is not None and step - previous[0] <= 15 and previous[1] == 0
+            previous = (step, 1 if close else 0)
+            if key == "loss":
                 ax.annotate(
-                    f"{', '.join(alerts)} {step}", (step, 1), xycoords=("data", "axes fraction"), xytext=(2, -2),
-                    textcoords="offset points", rotation=90, va="top", fontsize=7, color=color,
+                    f"{', '.join(alerts)} {step}", (step, 0.5 if close else 1), xycoords=("data", "axes fraction"),
+                    xytext=(2, -2), textcoords="offset points", rotation=90, va="top", fontsize=7, color=color,
                 )  # fmt: skip
         ax.set_ylabel(ylabel)
         ax.legend(loc="upper right", fontsize=8)
