@@ -76,15 +76,15 @@ class Console:
 
     # --- acting through the command line ---
 
-    def command(self, *args: str) -> tuple[bool, str]:
-        """Run `runwatch ARGS` against this console's lab; (succeeded, what it printed)."""
+    def command(self, *args: str) -> str:
+        """Run `runwatch ARGS` against this console's lab; what it printed (its result or its one-line error)."""
         state = [f"--state-dir={self.sources.state_dir}"] if self.sources.state_dir is not None else []
         argv = [*self.runwatch, args[0], *state, *args[1:]]  # before any "--" that ends the options
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            return False, f"runwatch {args[0]} did not finish in {COMMAND_TIMEOUT_S} s"
-        return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+            return f"runwatch {args[0]} did not finish in {COMMAND_TIMEOUT_S} s"
+        return (proc.stdout + proc.stderr).strip()
 
 
 def _same_origin(request: Request) -> bool:
@@ -131,7 +131,7 @@ def index(request: Request) -> Response:
     run = _selected_run(request, runs)
     drill = sources.drill()
     in_drill = drill is not None and drill["run_id"] == run
-    postmortem = _postmortem_file(sources, run, "md") if in_drill else None
+    postmortem = _postmortem_file(sources, run) if in_drill else None
     return console.render(
         "index.html", runs=runs, run=run, problems=problems, incidents=INCIDENTS,
         notice=console.notices.get(request.query_params.get("notice", "")),
@@ -188,7 +188,7 @@ async def ack(request: Request) -> Response:
         # `--flag=value`: a comment such as "--help" is a value, not an option
         args = ["ack", alert, f"--run={run}", f"--comment={form.get('comment', '')}",
                 f"--alertmanager={console.sources.alertmanager}"]  # fmt: skip
-        _, said = await run_in_threadpool(console.command, *args)
+        said = await run_in_threadpool(console.command, *args)
     return _back(run, console.notice(said))
 
 
@@ -199,7 +199,7 @@ async def diagnose(request: Request) -> Response:
         return form
     incident, step = form.get("incident", ""), form.get("step", "").strip()
     args = ["diagnose", *([f"--step={step}"] if step else []), "--", incident]  # "--": an incident is never an option
-    _, said = await run_in_threadpool(console.command, *args)
+    said = await run_in_threadpool(console.command, *args)
     return _back(form.get("run", ""), console.notice(said))
 
 
@@ -208,13 +208,13 @@ async def write_postmortem(request: Request) -> Response:
     form = await _form(console, request)
     if isinstance(form, Response):
         return form
-    _, said = await run_in_threadpool(console.command, "postmortem")
+    said = await run_in_threadpool(console.command, "postmortem")
     return _back(form.get("run", ""), console.notice(said))
 
 
 def postmortem(request: Request) -> Response:
     console, run = _console(request), request.query_params.get("run", "")
-    found = _postmortem_file(console.sources, run, "md")
+    found = _postmortem_file(console.sources, run)
     if found is None:
         return PlainTextResponse("404 no postmortem for this run yet: diagnose the drill, then write it\n", 404)
     return console.render("postmortem.html", run=run, html=console.markdown.render(found.read_text()))
@@ -280,8 +280,8 @@ def _back(run: str, notice: str) -> RedirectResponse:
     return RedirectResponse("/?" + urlencode({"run": run, "notice": notice}), status_code=303)
 
 
-def _postmortem_file(sources: Sources, run: str | None, suffix: str) -> Path | None:
+def _postmortem_file(sources: Sources, run: str | None) -> Path | None:
     if sources.state_dir is None or not run:
         return None
-    path = sources.state_dir / f"postmortem-{run}.{suffix}"
+    path = sources.state_dir / f"postmortem-{run}.md"
     return path if POSTMORTEM_FILE.fullmatch(path.name) and path.is_file() else None
