@@ -27,15 +27,16 @@ def sample(rng: np.random.Generator, means: np.ndarray, n: int, noise: float) ->
     return x, y
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax, shifted by the row maximum; in the logits' own dtype."""
-    z = logits - logits.max(axis=1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-softmax over the last axis (a batch's rows, or every batch of a stack), shifted by
+    the row maximum; in the logits' own dtype."""
+    z = logits - logits.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
 def loss(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
     """Mean cross-entropy in nats."""
-    logp = _log_softmax(x @ w + b)
+    logp = log_softmax(x @ w + b)
     return float(-logp[np.arange(len(y)), y].mean())
 
 
@@ -50,7 +51,7 @@ def forward_backward(
 ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
     """loss_and_grad in float64, plus the logits (the final layer's activations)."""
     logits = x @ w + b
-    logp = _log_softmax(logits)
+    logp = log_softmax(logits)
     n = len(y)
     rows = np.arange(n)
     value = float(-logp[rows, y].mean())
@@ -92,7 +93,7 @@ def loss_fp16(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray) -> flo
     h = np.float16
     logits = x.astype(h) @ w.astype(h) + b.astype(h)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        logp = _log_softmax(logits)
+        logp = log_softmax(logits)
     return float(-logp[np.arange(len(y)), y].astype(np.float32).mean())
 
 

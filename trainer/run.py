@@ -66,15 +66,44 @@ def step_durations(cfg: TrainConfig) -> np.ndarray:
     return seconds
 
 
+def batch_source(cfg: TrainConfig, step: int) -> int:
+    """Which step's draw is trained on at this step: its own, or the onset's on a repeated batch."""
+    if cfg.incident == "repeated_batch" and incident_active(cfg, step):
+        return cfg.onset  # the onset's batch, fed again and again
+    return step
+
+
+def draw_batch(cfg: TrainConfig, means: np.ndarray, source: int) -> tuple[np.ndarray, np.ndarray]:
+    """The clean batch drawn for step `source`: the same for every incident of a seed."""
+    return model.sample(_rng(cfg, _BATCH, source), means, cfg.batch_size, cfg.noise)
+
+
+def corrupt_labels(cfg: TrainConfig, step: int, y: np.ndarray) -> np.ndarray:
+    """The labels trained on at this step: shuffled while a corrupt shard is read."""
+    if cfg.incident == "corrupt_shard" and incident_active(cfg, step):
+        return _rng(cfg, _SHUFFLE, step).permutation(y)
+    return y
+
+
 def get_batch(cfg: TrainConfig, means: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
     """The batch trained on at this step, with the incident's corruption applied."""
-    source = step
-    if cfg.incident == "repeated_batch" and incident_active(cfg, step):
-        source = cfg.onset  # the onset's batch, fed again and again
-    x, y = model.sample(_rng(cfg, _BATCH, source), means, cfg.batch_size, cfg.noise)
-    if cfg.incident == "corrupt_shard" and incident_active(cfg, step):
-        y = _rng(cfg, _SHUFFLE, step).permutation(y)
-    return x, y
+    x, y = draw_batch(cfg, means, batch_source(cfg, step))
+    return x, corrupt_labels(cfg, step, y)
+
+
+def heldout_set(cfg: TrainConfig, means: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fixed held-out examples of a seed, never trained on."""
+    return model.sample(_rng(cfg, _HELDOUT), means, cfg.heldout_size, cfg.noise)
+
+
+def fit_expected(cfg: TrainConfig, losses: np.ndarray) -> tuple[float, float, float]:
+    """Lesson 20's expected curve: the power law fitted to the training loss of the fit window."""
+    return model.fit_power_law(np.arange(cfg.fit_start, cfg.fit_end) + 1.0, losses)
+
+
+def expected_loss(fit: tuple[float, float, float] | None, step: int) -> float:
+    """The fitted curve at this step; NaN until the fit window has passed."""
+    return float("nan") if fit is None else fit[0] * (step + 1.0) ** -fit[1] + fit[2]
 
 
 def weight_norm(w: np.ndarray, b: np.ndarray) -> float:
@@ -93,7 +122,7 @@ class Trainer:
         cfg.validate()
         self.cfg = cfg
         self.means = model.class_means(cfg)
-        self.heldout = model.sample(_rng(cfg, _HELDOUT), self.means, cfg.heldout_size, cfg.noise)
+        self.heldout = heldout_set(cfg, self.means)
         self.durations = step_durations(cfg)
         dtype = np.float32 if cfg.precision == "fp16" else np.float64  # fp16 keeps float32 master weights
         self.w = np.zeros((cfg.features, cfg.classes), dtype)
@@ -142,8 +171,8 @@ class Trainer:
         if cfg.fit_start <= s < cfg.fit_end:
             self.fit_losses.append(loss)
             if s == cfg.fit_end - 1:
-                self.fit = model.fit_power_law(np.arange(cfg.fit_start, cfg.fit_end) + 1.0, np.array(self.fit_losses))
-        expected = float("nan") if self.fit is None else self.fit[0] * (s + 1.0) ** -self.fit[1] + self.fit[2]
+                self.fit = fit_expected(cfg, np.array(self.fit_losses))
+        expected = expected_loss(self.fit, s)
         # --- the clock ---
         duration = float(self.durations[s])
         self.lab_time += duration

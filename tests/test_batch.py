@@ -1,0 +1,71 @@
+"""The backtest's batched trainer: every lane is, bit for bit, the run `runwatch train --offline` writes."""
+
+import dataclasses
+import io
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from trainer.batch import train_many
+from trainer.config import INCIDENTS, MAX_SEED, TrainConfig
+from trainer.offline import OfflineRun, write_openmetrics
+from trainer.run import Trainer
+
+
+def same_records(a, b) -> list[str]:
+    """The fields in which two runs' records differ, bit for bit (NaN equals NaN; logits compared too)."""
+    diffs = []
+    for x, y in zip(a, b, strict=True):
+        for f in dataclasses.fields(x):
+            u, v = getattr(x, f.name), getattr(y, f.name)
+            if f.name == "logits":
+                if not np.array_equal(u, v):
+                    diffs.append(f"step {x.step}: logits")
+            elif not (u == v or (u != u and v != v)) or type(u) is not type(v):
+                diffs.append(f"step {x.step}: {f.name} {u!r} != {v!r}")
+    return diffs
+
+
+# A sample of seeds, the largest included, each with every incident: 15 runs batched together.
+SEEDS = (0, 137, MAX_SEED)
+
+
+def test_every_lane_is_the_one_run_trainer_bit_for_bit():
+    configs = [TrainConfig(seed=s, incident=i) for s in SEEDS for i in INCIDENTS]
+    for cfg, records in zip(configs, train_many(configs), strict=True):
+        assert same_records(Trainer(cfg).run(), records) == [], cfg.label
+
+
+def test_a_lane_writes_the_file_runwatch_train_offline_writes(tmp_path):
+    cfg = TrainConfig(seed=137, incident="repeated_batch")
+    out = tmp_path / "run.om"
+    proc = subprocess.run(
+        [sys.executable, "-m", "runwatch", "train", "--offline", "--out", str(out), "--seed", "137",
+         "--incident", "repeated_batch"], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lane = train_many([TrainConfig(seed=137), cfg])[1]
+    buffer = io.StringIO()
+    write_openmetrics([OfflineRun(cfg, lane)], buffer)
+    assert buffer.getvalue() == out.read_text()
+
+
+def test_fp16_runs_are_trained_one_by_one_and_match_too():
+    configs = [TrainConfig(seed=3, incident=i, precision="fp16", steps=320) for i in ("none", "lr_spike")]
+    for cfg, records in zip(configs, train_many(configs), strict=True):
+        assert same_records(Trainer(cfg).run(), records) == []
+
+
+def test_the_order_of_the_configs_is_kept():
+    configs = [TrainConfig(seed=2, incident="slow_node", steps=310), TrainConfig(seed=1, steps=310)]
+    runs = train_many(configs)
+    assert same_records(Trainer(configs[0]).run(), runs[0]) == []
+    assert same_records(Trainer(configs[1]).run(), runs[1]) == []
+
+
+def test_configs_that_differ_in_more_than_seed_and_incident_are_refused():
+    with pytest.raises(ValueError, match="only in seed and incident"):
+        train_many([TrainConfig(seed=1), TrainConfig(seed=2, lr=0.2)])
+    assert train_many([]) == []

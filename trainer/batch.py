@@ -1,0 +1,177 @@
+"""Many runs of one workshop trained together, as one batched numpy computation: the backtest's trainer.
+
+Every (seed, incident) run is a lane. The healthy prefix of every seed steps together up to the
+onset; there each seed forks into its incidents, and all lanes step together to the end. For
+the backtest's 100 seeds x 5 incidents that is 600 batched steps instead of 270,000 small ones.
+
+The lanes are, bit for bit, the runs `trainer.run.Trainer` computes (tests/test_batch.py checks a
+sample against `runwatch train --offline`): each batched operation does, lane by lane, the same
+floating-point operations in the same order as the one-run code. Stacked matmuls call the same
+BLAS routine once per lane, reductions run along the same contiguous axes, and what is not
+elementwise (the weight norm's BLAS dot, the curve fit, the random draws) runs per lane with the
+one-run functions themselves.
+
+Not for live runs (`trainer.live`), and not batched in fp16: its loss scaler skips steps run by
+run, so `train_many` trains fp16 runs one at a time, each incident forked from its seed's prefix.
+
+    >>> runs = train_many([TrainConfig(seed=1), TrainConfig(seed=1, incident="lr_spike")])
+    >>> runs[1][300].lr
+    15.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from trainer import model
+from trainer.config import TrainConfig
+from trainer.record import StepRecord
+from trainer.run import (
+    Trainer,
+    batch_source,
+    corrupt_labels,
+    draw_batch,
+    expected_loss,
+    fit_expected,
+    heldout_set,
+    incident_active,
+    learning_rate,
+    step_durations,
+    weight_norm,
+)
+
+
+def train_many(configs: list[TrainConfig]) -> list[list[StepRecord]]:
+    """Every config's whole run, in order. The configs may differ only in seed and incident."""
+    if not configs:
+        return []
+    base = dataclasses.replace(configs[0], seed=0, incident="none")
+    for cfg in configs:
+        cfg.validate()
+        if dataclasses.replace(cfg, seed=0, incident="none") != base:
+            raise ValueError("train_many: the configs may differ only in seed and incident")
+    if base.precision == "fp16":
+        return _one_by_one(configs)
+    seeds = sorted({c.seed for c in configs})
+    healthy = [dataclasses.replace(base, seed=s) for s in seeds]
+    means = model.class_means(base)
+    prefix = _Lanes(healthy, means, [heldout_set(c, means) for c in healthy])
+    head = prefix.run(0, base.onset)
+    row = {s: i for i, s in enumerate(seeds)}
+    lanes = prefix.fork(configs, [row[c.seed] for c in configs])
+    tail = lanes.run(base.onset, base.steps)
+    return [head[row[c.seed]] + tail[i] for i, c in enumerate(configs)]
+
+
+def _one_by_one(configs: list[TrainConfig]) -> list[list[StepRecord]]:
+    """Each seed's healthy prefix once, forked at the onset into each of its configs."""
+    heads: dict[int, tuple[Trainer, list[StepRecord]]] = {}
+    out = []
+    for cfg in configs:
+        if cfg.seed not in heads:
+            prefix = Trainer(dataclasses.replace(cfg, incident="none"))
+            heads[cfg.seed] = prefix, [prefix.step() for _ in range(cfg.onset)]
+        prefix, head = heads[cfg.seed]
+        out.append(head + prefix.fork(cfg).run())
+    return out
+
+
+class _Lanes:
+    """The state of many runs at one step: weights (lanes, features, classes), clock, fit."""
+
+    def __init__(self, configs: list[TrainConfig], means: np.ndarray, heldout: list[tuple[np.ndarray, np.ndarray]]):
+        self.configs, self.means = configs, means
+        cfg = configs[0]
+        n = len(configs)
+        self.w = np.zeros((n, cfg.features, cfg.classes))
+        self.b = np.zeros((n, cfg.classes))
+        self.heldout_x = np.stack([x for x, _ in heldout])
+        self.heldout_y = np.stack([y for _, y in heldout])
+        self.heldout_loss = np.full(n, np.nan)
+        # Trainer adds each step's duration to its clock in turn; add.accumulate does the same adds
+        durations = np.stack([step_durations(c) for c in configs])
+        self.durations, self.lab_time = durations, np.add.accumulate(durations, axis=1)
+        self.fit_losses = np.zeros((n, max(0, cfg.fit_end - cfg.fit_start)))
+        self.fits: list[tuple[float, float, float] | None] = [None] * n
+
+    def fork(self, configs: list[TrainConfig], rows: list[int]) -> _Lanes:
+        """Lanes that go on under `configs`, lane i from this lane rows[i] (a seed into its incidents)."""
+        other = _Lanes.__new__(_Lanes)
+        other.configs, other.means = configs, self.means
+        other.w, other.b = self.w[rows], self.b[rows]  # fancy indexing copies
+        other.heldout_x, other.heldout_y = self.heldout_x[rows], self.heldout_y[rows]
+        other.heldout_loss = self.heldout_loss[rows]
+        other.durations = np.stack([step_durations(c) for c in configs])
+        other.lab_time = np.add.accumulate(other.durations, axis=1)
+        other.fit_losses = self.fit_losses[rows]
+        other.fits = [self.fits[r] for r in rows]
+        return other
+
+    def _batches(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every lane's (x, y) at this step: one draw per seed and source step, shared by its incidents."""
+        drawn: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        xs, ys = [], []
+        for cfg in self.configs:
+            key = (cfg.seed, batch_source(cfg, step))
+            if key not in drawn:
+                drawn[key] = draw_batch(cfg, self.means, key[1])
+            x, y = drawn[key]
+            xs.append(x)
+            ys.append(corrupt_labels(cfg, step, y))
+        return np.stack(xs), np.stack(ys)
+
+    def run(self, start: int, stop: int) -> list[list[StepRecord]]:
+        """Steps [start, stop) of every lane; one list of records per lane."""
+        n = len(self.configs)
+        lanes, out = np.arange(n)[:, None], [[] for _ in range(n)]
+        for s in range(start, stop):
+            # --- batch, forward, backward (model.forward_backward, lane by lane) ---
+            x, y = self._batches(s)
+            rows = np.arange(y.shape[1])[None, :]
+            logits = np.matmul(x, self.w) + self.b[:, None, :]
+            logp = model.log_softmax(logits)
+            loss = -logp[lanes, rows, y].mean(axis=1)
+            delta = np.exp(logp)
+            delta[lanes, rows, y] -= 1.0
+            delta /= y.shape[1]
+            g_w, g_b = np.matmul(x.transpose(0, 2, 1), delta), delta.sum(axis=1)
+            # --- held-out evaluation, on the same weights as this step's training loss ---
+            cfg0 = self.configs[0]
+            if s % cfg0.heldout_every == 0:
+                held = model.log_softmax(np.matmul(self.heldout_x, self.w) + self.b[:, None, :])
+                self.heldout_loss = -held[lanes, np.arange(self.heldout_y.shape[1])[None, :], self.heldout_y].mean(
+                    axis=1
+                )
+            # --- update ---
+            lr = np.array([learning_rate(c, s) for c in self.configs])
+            grad_norm = np.sqrt((g_w * g_w).sum(axis=(1, 2)) + (g_b * g_b).sum(axis=1))
+            self.w -= lr[:, None, None] * g_w
+            self.b -= lr[:, None] * g_b
+            # --- Lesson 20's signals ---
+            if cfg0.fit_start <= s < cfg0.fit_end:
+                self.fit_losses[:, s - cfg0.fit_start] = loss
+                if s == cfg0.fit_end - 1:
+                    self.fits = [fit_expected(c, self.fit_losses[i]) for i, c in enumerate(self.configs)]
+            # --- the records ---
+            for i, c in enumerate(self.configs):
+                out[i].append(
+                    StepRecord(
+                        step=s,
+                        loss=float(loss[i]),
+                        heldout_loss=float(self.heldout_loss[i]),
+                        gradient_norm=float(grad_norm[i]),
+                        lr=float(lr[i]),
+                        duration_seconds=float(self.durations[i, s]),
+                        tokens=c.batch_size * c.tokens_per_example,
+                        incident_active=incident_active(c, s),
+                        lab_time=float(self.lab_time[i, s]),
+                        weight_norm=weight_norm(self.w[i], self.b[i]),
+                        expected_loss=expected_loss(self.fits[i], s),
+                        loss_scale=float("nan"),
+                        skipped=False,
+                        logits=logits[i],
+                    )
+                )
+        return out
