@@ -34,23 +34,30 @@ class OfflineRun:
     cfg: TrainConfig
     records: list[StepRecord]
     start: float = DEFAULT_START
+    # Stamps this many milliseconds before the lab clock says, exactly: the backtest moves its
+    # runs against Prometheus's whole-second grid (runwatch.backtest.GRID_PHASE_MS).
+    shift_ms: int = 0
 
     @property
     def labels(self) -> str:
         return f'job="trainer",instance="offline/{self.cfg.label}",run_id="{self.cfg.label}"'
 
     def step_time(self, i: int) -> float:
-        """Unix time at which step i's sample is stamped."""
+        """Unix time at which step i ends on the lab clock (its sample's stamp, unless shifted)."""
         return self.start + self.records[i].lab_time
+
+    def stamps(self) -> list[str]:
+        """Each step's sample timestamp as written: seconds with millisecond precision."""
+        stamps = [f"{self.step_time(i):.3f}" for i in range(len(self.records))]
+        if self.shift_ms:
+            ms = [int(s.replace(".", "")) - self.shift_ms for s in stamps]  # exact, in integers
+            stamps = [f"{t // 1000}.{t % 1000:03d}" for t in ms]
+        return stamps
 
 
 def simulate(cfg: TrainConfig, start: float = DEFAULT_START) -> OfflineRun:
     """Train every step of cfg unpaced and keep the records."""
     return OfflineRun(cfg, Trainer(cfg).run(), start)
-
-
-def _fmt(v: float) -> str:
-    return repr(float(v))
 
 
 def _families(run: OfflineRun) -> dict[str, tuple[str, str, list[float]]]:
@@ -108,18 +115,20 @@ def write_openmetrics(runs: list[OfflineRun], fh: TextIO, families: set[str] | N
     """
     per_run = [_families(r) for r in runs]
     names = [n for n in dict.fromkeys(n for fams in per_run for n in fams) if families is None or n in families]
+    stamps = [r.stamps() for r in runs]
     count = 0
     for name in names:
         kind = next(fams[name][0] for fams in per_run if name in fams)
         help_text = m.HELP.get(name, "1 if the target was scraped successfully.")
         fh.write(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
         sample = f"{name}_total" if kind == "counter" else name
-        for run, fams in zip(runs, per_run, strict=True):
+        for fams, stamp in zip(per_run, stamps, strict=True):
             if name not in fams:
                 continue
             _, labels, values = fams[name]
+            head = f"{sample}{{{labels}}} "
             # NaN marks "no value yet" (the expected loss before its fit): a scrape would not have it
-            lines = [f"{sample}{{{labels}}} {_fmt(v)} {run.step_time(i):.3f}\n" for i, v in enumerate(values) if v == v]
+            lines = [f"{head}{float(v)!r} {t}\n" for v, t in zip(values, stamp, strict=True) if v == v]
             fh.writelines(lines)
             count += len(lines)
     fh.write("# EOF\n")
