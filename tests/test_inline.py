@@ -1,0 +1,71 @@
+"""Recording rules inlined as subqueries: which references are found, and which are left recorded.
+
+That an inlined rule reads exactly what its backfilled series would is tested against a real
+Prometheus in tests/test_backtest.py; this file checks the rewriting itself.
+"""
+
+import pytest
+
+from runwatch.inline import Inliner, references
+
+RULES = {"r:loss:avg5s": "avg_over_time(loss[5s])", "r:loss:ratio": "r:loss:avg5s / avg_over_time(loss[30s])"}
+
+
+def found(expr: str) -> list[tuple]:
+    return [(r.name, r.range, r.offset, r.exact, expr[r.start : r.end]) for r in references(expr)]
+
+
+def test_metric_names_are_found_and_the_rest_is_not():
+    expr = 'sum by (r:loss:avg5s) (r:loss:avg5s) + label_replace(x, "r:loss:avg5s", "$1", "b", "(.*)") # r:loss:avg5s'
+    assert found(expr) == [("r:loss:avg5s", None, None, True, "r:loss:avg5s"), ("x", None, None, True, "x")]
+    assert found("a > bool 1e3 and on (job) group_left b offset 5m") == [
+        ("a", None, None, True, "a"),
+        ("b", None, "5m", True, "b offset 5m"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "expr, want",
+    [
+        ("r:x[20s]", ("20s", None, True, "r:x[20s]")),
+        ("rate(r:x [ 30s ] offset -5s)", ("30s", "-5s", True, "r:x [ 30s ] offset -5s")),
+        ('r:x{job="trainer"}', (None, None, False, "r:x")),
+        ("r:x @ 1767225600", (None, None, False, "r:x")),
+        ("r:x[5m:1m]", (None, None, False, "r:x")),
+    ],
+)  # fmt: skip
+def test_what_follows_a_name_decides_whether_it_can_be_rewritten(expr, want):
+    assert found(expr)[0][1:] == want
+
+
+def test_a_reference_becomes_the_subquery_a_backfill_would_have_recorded():
+    inliner = Inliner(RULES, lookback="3s", since=100.0)
+    assert inliner.inline("r:loss:avg5s > 3") == "last_over_time((avg_over_time(loss[5s]))[3s:1s]) > 3"
+    assert inliner.inline("avg_over_time(r:loss:avg5s[20s] offset 5s)") == (
+        "avg_over_time((avg_over_time(loss[5s]))[20s:1s] offset 5s)"
+    )
+    assert inliner.inline("r:loss:avg5s offset 5s") == ("last_over_time((avg_over_time(loss[5s]))[3s:1s] offset 5s)")
+    # a rule that reads another is inlined whole, each level on the same grid
+    assert inliner.inline("r:loss:ratio > 2") == (
+        "last_over_time((last_over_time((avg_over_time(loss[5s]))[3s:1s]) / avg_over_time(loss[30s]))[3s:1s]) > 2"
+    )
+
+
+def test_the_guard_is_kept_where_an_expression_has_values_without_data():
+    inliner = Inliner({"r:gone": "absent(up)"}, lookback="3s", since=100.0)
+    assert inliner.inline("r:gone == 1") == (
+        "last_over_time(((absent(up)) and on() (vector(time()) >= 100.0))[3s:1s]) == 1"
+    )
+    assert inliner.guarded("x offset -5s") == "(x offset -5s) and on() (vector(time()) >= 100.0)"
+    assert inliner.guarded("rate(x[1m])") == "rate(x[1m])"
+
+
+def test_what_cannot_be_inlined_exactly_stays_recorded():
+    inliner = Inliner(RULES, lookback="3s", since=0.0)
+    assert inliner.inlinable(["r:loss:ratio > 2"]) == set(RULES)
+    # matchers on a recorded series: that one is backfilled; what it reads is still inlined
+    assert inliner.inlinable(['r:loss:avg5s{job="t"} > 2']) == {"r:loss:ratio"}
+    assert inliner.inlinable(["r:loss:ratio > 2"], labelled={"r:loss:ratio"}) == {"r:loss:avg5s"}
+    assert inliner.inlinable(['{__name__="r:loss:avg5s"} > 2']) == set()
+    cycle = Inliner({"r:a": "r:b + 1", "r:b": "r:a - 1", "r:c": "x"}, lookback="3s", since=0.0)
+    assert cycle.inlinable(["r:a > 0", "r:c > 0"]) == {"r:c"}
