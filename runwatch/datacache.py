@@ -1,0 +1,131 @@
+"""The backtest's loaded runs, kept between backtests: a rule edit does not change the data.
+
+An entry is the TSDB blocks that `promtool tsdb create-blocks-from openmetrics` wrote for one
+backtest's runs, with the runs' list, under a key that hashes everything the data follows from
+(trainer code and config, numpy, promtool, seeds, incidents, precision, the families loaded).
+It lives in the user's cache directory, `$XDG_CACHE_HOME/runwatch/backtest` (default
+`~/.cache/runwatch/backtest`), or in `$RUNWATCH_CACHE` when that is set.
+
+An entry is never trusted: its manifest lists every file with its size and SHA-256, and an
+entry that does not match it, or cannot be read, is deleted and rebuilt. Entries are written
+whole (a temporary folder, renamed), so a crash or a concurrent backtest leaves no half entry.
+The oldest-used entries go once the cache holds more than its cap.
+
+Not a store of results: rules are evaluated afresh every time.
+
+    >>> cache = DataCache(default_root(), max_bytes=512 * 2**20)
+    >>> meta = cache.get(key, into=tmp / "data")    # None on a miss
+    >>> cache.put(key, tmp / "data", meta)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+BLOCKS = "blocks"
+# a temporary entry older than this belongs to no running backtest (one takes under a minute)
+ABANDONED_S = 3600
+
+
+def default_root() -> Path:
+    """RUNWATCH_CACHE if set (the tests' own), else the user's cache directory."""
+    if os.environ.get("RUNWATCH_CACHE"):
+        return Path(os.environ["RUNWATCH_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "runwatch" / "backtest"
+
+
+def key_of(parts: dict, sources: list[Path]) -> str:
+    """A key for data determined by `parts` (JSON-able) and the contents of `sources`."""
+    h = hashlib.sha256(json.dumps(parts, sort_keys=True).encode())
+    for path in sorted(sources):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> dict[str, dict]:
+    return {
+        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _digest(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+class DataCache:
+    """Entries under root, at most max_bytes in all (the newest entry is kept even if larger)."""
+
+    def __init__(self, root: Path, max_bytes: int):
+        self.root, self.max_bytes = Path(root), max_bytes
+
+    def get(self, key: str, into: Path) -> dict | None:
+        """Copy entry `key`'s blocks into the folder `into` (created) and return its runs'
+        metadata; None if there is no entry, or a damaged one (then it is deleted)."""
+        entry = self.root / key
+        try:
+            manifest = json.loads((entry / MANIFEST).read_text())
+            if _files(entry / BLOCKS) != manifest["files"]:
+                raise ValueError("files differ from the manifest")
+            meta = manifest["meta"]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            shutil.rmtree(entry, ignore_errors=True)  # damaged: rebuilt by the caller
+            return None
+        shutil.copytree(entry / BLOCKS, into, dirs_exist_ok=True)
+        os.utime(entry / MANIFEST)  # recently used: evicted last
+        return meta
+
+    def put(self, key: str, blocks: Path, meta: dict) -> None:
+        """Store a copy of the folder `blocks` (its block directories only) with meta, then evict."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
+        try:
+            for block in blocks.iterdir():  # the blocks; not Prometheus's lock, WAL or head chunks
+                if block.is_dir() and (block / "meta.json").is_file():
+                    shutil.copytree(block, tmp / BLOCKS / block.name)
+            manifest = {"meta": meta, "files": _files(tmp / BLOCKS), "written": time.time()}
+            (tmp / MANIFEST).write_text(json.dumps(manifest))
+            try:
+                os.rename(tmp, self.root / key)
+            except OSError:  # another backtest stored the same entry first: keep that one
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.evict()
+
+    def evict(self) -> None:
+        """Delete the least recently used entries while the cache holds more than max_bytes."""
+        entries = []
+        for entry in self.root.iterdir():
+            if entry.name.startswith("."):  # a put in progress, or one a crash left behind
+                if time.time() - entry.stat().st_mtime > ABANDONED_S:
+                    shutil.rmtree(entry, ignore_errors=True)
+                continue
+            try:
+                used = (entry / MANIFEST).stat().st_mtime
+            except OSError:
+                used = 0.0  # no manifest: not an entry of ours, or a damaged one
+            size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+            entries.append((used, size, entry))
+        total = sum(size for _, size, _ in entries)
+        for _, size, entry in sorted(entries)[:-1]:  # oldest first, never the newest
+            if total <= self.max_bytes:
+                break
+            shutil.rmtree(entry, ignore_errors=True)
+            total -= size

@@ -1,0 +1,81 @@
+"""The backtest's data cache: keys that change with what the data follows from, whole entries, a cap.
+
+A backtest reading the cache through a real Prometheus, and a damaged entry being rebuilt, are
+in tests/test_backtest.py.
+"""
+
+import os
+import time
+
+from runwatch.backtest import cache_key
+from runwatch.datacache import MANIFEST, DataCache, key_of
+from tests.conftest import need
+
+
+def blocks(tmp_path, name: str, size: int):
+    """A folder shaped like promtool's output: one block directory, and a lock file that is not one."""
+    folder = tmp_path / name
+    (folder / "01BLOCK" / "chunks").mkdir(parents=True)
+    (folder / "01BLOCK" / "meta.json").write_text("{}")
+    (folder / "01BLOCK" / "chunks" / "000001").write_bytes(os.urandom(size))
+    (folder / "lock").write_text("")
+    return folder
+
+
+def test_an_entry_comes_back_whole_and_without_what_is_not_a_block(tmp_path):
+    cache = DataCache(tmp_path / "cache", max_bytes=1 << 20)
+    source = blocks(tmp_path, "data", 1000)
+    cache.put("k", source, {"runs": [1]})
+    assert cache.get("nothing", tmp_path / "miss") is None and not (tmp_path / "miss").exists()
+    assert cache.get("k", tmp_path / "out") == {"runs": [1]}
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == ["000001", "01BLOCK", "chunks", "meta.json"]
+    assert (tmp_path / "out" / "01BLOCK" / "chunks" / "000001").read_bytes() == (
+        source / "01BLOCK" / "chunks" / "000001"
+    ).read_bytes()
+
+
+def test_a_file_that_no_longer_matches_its_manifest_deletes_the_entry(tmp_path):
+    cache = DataCache(tmp_path / "cache", max_bytes=1 << 20)
+    cache.put("k", blocks(tmp_path, "data", 1000), {})
+    (tmp_path / "cache" / "k" / "blocks" / "01BLOCK" / "meta.json").write_text("{} ")
+    assert cache.get("k", tmp_path / "out") is None
+    assert not (tmp_path / "cache" / "k").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_least_recently_used_entries_go_over_the_cap(tmp_path):
+    cache = DataCache(tmp_path / "cache", max_bytes=250_000)
+    for i, key in enumerate(("old", "used", "new")):
+        cache.put(key, blocks(tmp_path, key, 100_000), {})
+        os.utime(tmp_path / "cache" / key / MANIFEST, (1000 + i, 1000 + i))
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["new", "used"]  # "old" went at the third put
+    cache.get("used", tmp_path / "out")  # now the most recently used
+    cache.put("newest", blocks(tmp_path, "newest", 100_000), {})
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["newest", "used"]
+    # an entry larger than the cap is kept while it is the newest
+    DataCache(tmp_path / "cache", max_bytes=1).put("big", blocks(tmp_path, "big", 10_000), {})
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["big"]
+
+
+def test_a_put_a_crash_left_behind_is_cleared_after_an_hour(tmp_path):
+    cache = DataCache(tmp_path / "cache", max_bytes=1 << 20)
+    (tmp_path / "cache" / ".k.abandoned").mkdir(parents=True)
+    (tmp_path / "cache" / ".k.running").mkdir()
+    os.utime(tmp_path / "cache" / ".k.abandoned", (time.time() - 7200, time.time() - 7200))
+    cache.put("k", blocks(tmp_path, "data", 10), {})
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".k.running", "k"]
+
+
+def test_the_key_follows_what_the_data_follows_from(tmp_path):
+    source = tmp_path / "run.py"
+    source.write_text("lr = 0.1\n")
+    key = key_of({"seeds": [1]}, [source])
+    assert key == key_of({"seeds": [1]}, [source])
+    assert key != key_of({"seeds": [2]}, [source])
+    source.write_text("lr = 0.2\n")  # the trainer's code or config changed: a stale entry is not found
+    assert key != key_of({"seeds": [1]}, [source])
+    promtool = need("promtool")
+    base = cache_key([1, 2], ("none",), "fp64", {"up"}, promtool)
+    assert base != cache_key([1, 2], ("none",), "fp16", {"up"}, promtool)
+    assert base != cache_key([1, 2], ("none", "lr_spike"), "fp64", {"up"}, promtool)
+    assert base != cache_key([1, 2], ("none",), "fp64", {"up", "runwatch_train_loss"}, promtool)
+    assert len(base) == 32
