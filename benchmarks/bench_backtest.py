@@ -5,10 +5,14 @@
 Checks the baseline commit out into a temporary git worktree and runs `runwatch backtest` there
 and in this checkout, alternately, `--repeats` times each, on the same machine and seeds:
 
-- cold: the full backtest as a learner first runs it;
+- cold: the full backtest as a learner first runs it, with an empty data cache;
 - after a rule edit: HeldOutGap's threshold moved (2 -> 1.9) in a copy of the rules, run once
-  the cold run is done, as in the edit-and-see loop;
-- readouts: every run's first-fire steps from both implementations, compared bit for bit.
+  the cold run is done, as in the edit-and-see loop (with what the cold run cached);
+- readouts: every run's first-fire steps from both implementations, compared bit for bit,
+  in every repeat, under the shipped rules and under the edited ones.
+
+Each repeat gives each implementation a cache folder of its own (RUNWATCH_CACHE; an
+implementation without a cache ignores it), so no cold run finds a warm cache.
 
 Each implementation runs from its own tree (`python -m runwatch` with that tree as the working
 directory, so its own modules and its own rule files) with this environment's packages. The
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -30,13 +35,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def backtest(tree: Path, seeds: str, out: Path, rules: Path | None = None) -> float:
-    """Wall seconds of one `runwatch backtest` run from tree; its JSON goes to out."""
+def backtest(tree: Path, seeds: str, out: Path, cache: Path, rules: Path | None = None) -> float:
+    """Wall seconds of one `runwatch backtest` run from tree, caching in `cache`; its JSON goes to out."""
     argv = [sys.executable, "-m", "runwatch", "backtest", "--seeds", seeds, "--json", str(out)]
     if rules is not None:
         argv += ["--rules", str(rules)]
+    env = {**os.environ, "RUNWATCH_CACHE": str(cache)}
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, cwd=tree, capture_output=True, text=True)
+    proc = subprocess.run(argv, cwd=tree, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"bench_backtest: backtest in {tree} failed: {proc.stderr.strip()[-500:]}")
@@ -78,14 +84,19 @@ def main() -> int:
             warm: dict[str, list[float]] = {name: [] for name in trees}
             for i in range(args.repeats):
                 for name, tree in trees.items():
-                    out = tmp / f"{name.split()[0]}-{i}.json"
-                    cold[name].append(backtest(tree, args.seeds, out))
-                    rules = edited_rules(tree, tmp / f"{name.split()[0]}-{i}")
-                    warm[name].append(backtest(tree, args.seeds, tmp / f"{name.split()[0]}-{i}-edit.json", rules))
+                    stem = tmp / f"{name.split()[0]}-{i}"
+                    cache = tmp / f"{stem.name}-cache"
+                    cold[name].append(backtest(tree, args.seeds, stem.with_suffix(".json"), cache))
+                    rules = edited_rules(tree, stem)
+                    warm[name].append(backtest(tree, args.seeds, tmp / f"{stem.name}-edit.json", cache, rules))
                     said = f"cold {cold[name][-1]:.1f} s, after a rule edit {warm[name][-1]:.1f} s"
                     print(f"repeat {i + 1}: {name}: {said}", file=sys.stderr)
-            same = first_fires(tmp / "baseline-0.json") == first_fires(tmp / "this-0.json")
-            same_edited = first_fires(tmp / "baseline-0-edit.json") == first_fires(tmp / "this-0-edit.json")
+            repeats = range(args.repeats)
+            same = all(first_fires(tmp / f"baseline-{i}.json") == first_fires(tmp / f"this-{i}.json") for i in repeats)
+            same_edited = all(
+                first_fires(tmp / f"baseline-{i}-edit.json") == first_fires(tmp / f"this-{i}-edit.json")
+                for i in repeats
+            )
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], capture_output=True)
     print(f"runwatch backtest --seeds {args.seeds}, {args.repeats} runs each, wall seconds (best / median)")
@@ -93,8 +104,11 @@ def main() -> int:
     for name in cold:
         c, w = cold[name], warm[name]
         print(f"{name:28s} {min(c):6.1f} / {statistics.median(c):5.1f} {min(w):11.1f} / {statistics.median(w):5.1f}")
-    ratio = statistics.median(cold["this checkout"]) / statistics.median(cold[f"baseline {args.baseline}"])
-    print(f"cold, median: {ratio:.0%} of the baseline's")
+    base_cold = statistics.median(cold[f"baseline {args.baseline}"])
+    print(f"cold, median: {statistics.median(cold['this checkout']) / base_cold:.0%} of the baseline's")
+    print(
+        f"after a rule edit, median: {statistics.median(warm['this checkout']) / base_cold:.0%} of the baseline's cold"
+    )
     print(f"readouts bit for bit the same: {same} (shipped rules), {same_edited} (edited rules)")
     return 0 if same and same_edited else 1
 

@@ -1,20 +1,19 @@
 """`runwatch backtest`: every seed x incident through a real Prometheus, read like the plate.
 
-    runwatch backtest --seeds 100-199 [--rules DIR] [--json FILE]
+    runwatch backtest --seeds 100-199 [--rules DIR] [--json FILE] [--no-cache]
 
-1. Trains every seed offline: the healthy prefix once per seed, forked at the onset into each
-   incident (the prefix is identical bit for bit, see trainer.run.Trainer.fork).
+1. Trains every seed x incident offline, all runs of a chunk of seeds as one batched numpy
+   computation (trainer.batch: bit for bit the runs `runwatch train --offline` writes).
 2. Writes the runs as OpenMetrics and loads them into a fresh TSDB with
-   `promtool tsdb create-blocks-from openmetrics`, in parallel chunks.
-3. Starts a throwaway Prometheus over it (loopback, free port, retention 100y) and backfills,
-   with `promtool tsdb create-blocks-from rules` at a 1 s interval, the recording rules and
-   then each alerting rule's own `expr` (as `backtest:alert_N:condition`), restarting
-   Prometheus after each pass so the next pass reads what the last one wrote. Every pass uses
-   the same group name and file, so all of them evaluate on the same sub-second phase, as the
-   rules of one group do in a live Prometheus.
-4. Reads each alert on that same 1 s grid. `for: D` is honoured in PromQL: an alert fires at T
-   when its condition held at every evaluation in [T-D, T],
-   `count_over_time(backtest:alert_N:condition[D + 0.5s]) >= D/1s + 1`.
+   `promtool tsdb create-blocks-from openmetrics`, in parallel chunks. The loaded blocks are
+   cached (runwatch.datacache): a backtest of the same runs, under edited rules, starts here.
+3. Starts a throwaway Prometheus over it (loopback, free port, retention 100y). Recording rules
+   are evaluated where the alerts read them, as subqueries on a 1 s grid (runwatch.inline); a
+   recording rule read in a form that cannot be inlined exactly is backfilled first, with
+   `promtool tsdb create-blocks-from rules` on the same grid.
+4. Reads each alert on that grid. `for: D` is honoured in PromQL: an alert fires at T when its
+   condition held at every evaluation in [T-D, T],
+   `count_over_time((condition)[D + 0.5s:1s]) >= D/1s + 1`.
 5. Reads each run's step at the first firing evaluation, and compares with the plate.
 
 Python only starts, feeds, queries and reports; Prometheus evaluates every expression.
@@ -31,7 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,13 +39,15 @@ import yaml
 from exporter.metrics import STEP
 from runwatch import signatures as plate
 from runwatch.command import Command, UsageError, check_writable, number
+from runwatch.datacache import DataCache, default_root, key_of
 from runwatch.files import write_atomic
+from runwatch.inline import Inliner, references
 from runwatch.names import META_GROUP
 from runwatch.paths import Layout, binary, run_tool
 from runwatch.promserver import Process, free_port, query_range
+from trainer.batch import train_many
 from trainer.config import MAX_SEED, TrainConfig
 from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, write_openmetrics
-from trainer.run import Trainer
 
 # A backfill that runs past this is hung, not slow: 500 runs backfill in about 10 s here.
 BACKFILL_TIMEOUT_S = 900
@@ -54,6 +55,20 @@ RETENTION = "100y"  # the runs are stamped in 2026-01; a short retention would d
 # A recording rule over ALERTS (alerts.yml's first-fire record) has no input here: the
 # backfill writes no ALERTS series.
 LIVE_ALERTS = re.compile(r"\bALERTS(_FOR_STATE)?\b")
+# The throwaway's lookback: backfilled data carries no staleness markers; a 3 s lookback lets a
+# run's series vanish when it ends, as staleness makes them vanish in the live lab.
+LOOKBACK = "3s"
+# Rules are evaluated on whole seconds (subqueries align to them). The runs are stamped this many
+# ms earlier than the lab clock, so that every evaluation falls where it always has against each
+# run: 0.615 s into a lab second, the phase Prometheus derived from the backtest's earlier rule
+# group ("backfill" in backfill.yml). Same evaluation times, same readouts.
+GRID_PHASE_MS = 615
+# A group whose name and file give it a phase of 0 ms (0.087 ms; the API rounds to 1 ms), so that
+# what promtool backfills lands on the same whole seconds (tests/test_backtest.py checks it).
+RECORD_GROUP, RECORD_FILE = "backfill-249", "backfill.yml"
+# The data's cache: bump when what an entry holds changes meaning.
+CACHE_FORMAT = 1
+CACHE_MAX_MB = 512  # about 34 backtests of 100 seeds (15 MB each)
 
 
 # --- input ---
@@ -140,24 +155,25 @@ def recording_levels(recording: list[dict]) -> list[list[dict]]:
 
 
 def families_read(rules: Rules) -> set[str]:
-    """The trainer's metric families that some rule mentions, plus the step (for readouts) and up."""
-    exprs = " ".join(r["expr"] for r in rules.recording + rules.alerting)
-    return {f for f in FAMILIES if f in exprs} | {STEP, "up"}
+    """The trainer's metric families that some rule names, plus the step (for readouts) and up.
+    A whole name: runwatch_train_tokens is not read by a rule on runwatch_train_tokens_per_second."""
+    names = {ref.name for r in rules.recording + rules.alerting for ref in references(r["expr"])}
+    if any("__name__" in r["expr"] for r in rules.recording + rules.alerting):
+        names = set(FAMILIES)  # a rule may select families by a pattern: load them all
+    return {f for f in FAMILIES if f in names} | {STEP, "up"}
 
 
 def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, str, str, set[str], str]) -> tuple[list[dict], int]:
     """Worker: train a chunk of seeds, write one OpenMetrics file, backfill it into data_dir."""
     seeds, incidents, om_path, data_dir, promtool, families, precision = args
+    configs = [
+        TrainConfig(incident=incident, seed=seed, precision=precision) for seed in seeds for incident in incidents
+    ]
     runs, meta = [], []
-    for seed in seeds:
-        prefix = Trainer(TrainConfig(seed=seed, precision=precision))
-        head = [prefix.step() for _ in range(prefix.cfg.onset)]
-        for incident in incidents:
-            cfg = TrainConfig(incident=incident, seed=seed, precision=precision)
-            run = OfflineRun(cfg, head + prefix.fork(cfg).run())
-            runs.append(run)
-            last = run.records[-1]
-            meta.append({"incident": incident, "seed": seed, "run_id": cfg.label, "end": run.step_time(last.step)})
+    for cfg, records in zip(configs, train_many(configs), strict=True):
+        run = OfflineRun(cfg, records, shift_ms=GRID_PHASE_MS)
+        runs.append(run)
+        meta.append({"incident": cfg.incident, "seed": cfg.seed, "run_id": cfg.label, "end": run.step_time(-1)})
     with open(om_path, "w") as fh:
         samples = write_openmetrics(runs, fh, families)
     proc = run_tool([promtool, "tsdb", "create-blocks-from", "openmetrics", om_path, data_dir], BACKFILL_TIMEOUT_S)
@@ -170,17 +186,13 @@ def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, str, str, set[s
 # --- 3-5: evaluate ---
 
 
-def condition_name(i: int) -> str:
-    return f"backtest:alert_{i}:condition"
-
-
-def firing_query(i: int, rule: dict) -> str:
-    """PromQL over the backfilled condition: firing at T when it held for the rule's `for`."""
+def firing_query(condition: str, rule: dict) -> str:
+    """PromQL over an alert's condition: firing at T when it held at every evaluation of its `for`."""
     hold = duration_seconds(str(rule.get("for", "0s")))
     if hold != hold:  # NaN: promtool accepted it, so this parser is the one that is wrong
         raise UsageError(f"--rules: cannot read for: {rule.get('for')!r} of alert {rule['alert']}")
     n = int(round(hold))  # evaluations are 1 s apart
-    return f"count_over_time({condition_name(i)}[{n * 1000 + 500}ms]) >= {n + 1}"
+    return f"count_over_time(({condition})[{n * 1000 + 500}ms:1s]) >= {n + 1}"
 
 
 def run_of(metric: dict, run_ids: set[str]) -> str | None:
@@ -198,6 +210,7 @@ class Result:
     alerts: list[str]
     seconds: dict[str, float]
     samples: int
+    cached: bool = False  # the runs' data came from the cache
 
 
 class Progress:
@@ -211,30 +224,99 @@ class Progress:
 
 @dataclass
 class Throwaway:
-    """The backtest's own Prometheus: its data directory, argv and address (started per pass)."""
+    """The backtest's own Prometheus: its data directory, argv, address and grid."""
 
     tmpdir: Path
     argv: list[str]
     base: str
-    start: float
-    end: float
+    start: float  # the grid's first evaluation, a whole second
+    end: float  # its last one is the last whole second up to here
 
     @property
     def data(self) -> str:
         return str(self.tmpdir / "data")
 
     def running(self) -> Process:
-        return Process(self.argv, f"{self.base}/-/ready", self.tmpdir / "prometheus.log")
+        # Prometheus closes its TSDB only once the queries in flight end; this one's data is
+        # thrown away, so a Ctrl-C during a slow query need not wait for it.
+        return Process(self.argv, f"{self.base}/-/ready", self.tmpdir / "prometheus.log", grace=1.0)
+
+
+@dataclass
+class Plan:
+    """How the rules are evaluated: which recordings are backfilled first, in passes, and each
+    alert's condition with every other recording inlined."""
+
+    passes: list[list[dict]]
+    conditions: list[str]
+
+
+def plan(rules: Rules, since: float, inline: bool = True) -> Plan:
+    """Inline every recording rule that can be inlined exactly (all of them, with `inline`);
+    backfill the others, with what they read inlined, on the grid from `since`."""
+    defs = {r["record"]: r["expr"] for r in rules.recording}
+    inliner = Inliner(defs, LOOKBACK, since)
+    conditions = [r["expr"] for r in rules.alerting]
+    labelled = {r["record"] for r in rules.recording if r.get("labels")}
+    inlined = inliner.inlinable(conditions, labelled) if inline else set()
+    # the recordings an alert reads, directly or through another recording
+    needed, todo = set(), [n.name for c in conditions for n in references(c) if n.name in defs]
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo += [n.name for n in references(defs[name]) if n.name in defs]
+    recorded = [
+        {**r, "expr": inliner.inline(r["expr"], inlined)} for r in rules.recording if r["record"] in needed - inlined
+    ]
+    return Plan(
+        passes=recording_levels(recorded) if recorded else [],
+        conditions=[inliner.guarded(inliner.inline(c, inlined)) for c in conditions],
+    )
+
+
+def _load(
+    seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, rules: Rules, promtool: str, workers: int,
+    precision: str, progress: Progress, cache: DataCache | None,
+) -> tuple[list[dict], int, bool]:  # fmt: skip
+    """Steps 1-2, or their cached result: (the runs' metadata, samples loaded, from the cache)."""
+    families = families_read(rules)
+    if cache is not None:
+        key = cache_key(seeds, incidents, precision, families, promtool)
+        found = cache.get(key, tmpdir / "data")
+        if found is not None:
+            progress(f"loaded {len(found['runs'])} runs from the cache ({cache.root / key})")
+            return found["runs"], found["samples"], True
+    meta, samples = _train_and_load(seeds, incidents, tmpdir, families, promtool, workers, precision, progress)
+    if cache is not None:
+        cache.put(key, tmpdir / "data", {"runs": meta, "samples": samples})
+    return meta, samples, False
+
+
+def cache_key(seeds: list[int], incidents: tuple[str, ...], precision: str, families: set[str], promtool: str) -> str:
+    """Everything the loaded data follows from: the trainer's code and config (its defaults are
+    code), numpy, promtool, the runs asked for, the families loaded and the stamps' shift."""
+    import numpy
+
+    tool = Path(promtool).resolve().stat()
+    parts = {
+        "format": CACHE_FORMAT, "seeds": seeds, "incidents": list(incidents), "precision": precision,
+        "families": sorted(families), "numpy": numpy.__version__,
+        "promtool": [promtool, tool.st_size, tool.st_mtime_ns],
+        "shift_ms": GRID_PHASE_MS, "start": DEFAULT_START,
+    }  # fmt: skip
+    here = Path(__file__).resolve().parents[1]
+    sources = [*(here / "trainer").glob("*.py"), here / "exporter" / "metrics.py"]
+    return key_of(parts, sources)
 
 
 def _train_and_load(
-    seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, rules: Rules, promtool: str, workers: int,
+    seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, families: set[str], promtool: str, workers: int,
     precision: str, progress: Progress,
 ) -> tuple[list[dict], int]:  # fmt: skip
     """Steps 1-2: every seed x incident trained and backfilled into tmpdir/data, in parallel chunks."""
     n_chunks = max(1, min(len(seeds), 2 * workers))
     chunks = [seeds[i::n_chunks] for i in range(n_chunks)]
-    families = families_read(rules)
     jobs = [
         (c, incidents, str(tmpdir / f"chunk{i}.om"), str(tmpdir / "data"), promtool, families, precision)
         for i, c in enumerate(chunks)
@@ -257,50 +339,51 @@ def _throwaway(prometheus: str, tmpdir: Path, meta: list[dict]) -> Throwaway:
         f"--storage.tsdb.path={tmpdir / 'data'}",
         f"--storage.tsdb.retention.time={RETENTION}",
         f"--web.listen-address=127.0.0.1:{port}",
-        # Backfilled data carries no staleness markers; a 3 s lookback lets a run's series
-        # vanish when it ends, as staleness makes them vanish in the live lab.
-        "--query.lookback-delta=3s",
+        f"--query.lookback-delta={LOOKBACK}",
     ]
-    end = float(int(max(m["end"] for m in meta)) + 2)
+    # up to 1 to 2 s past the last run's end on the lab clock, in the runs' shifted time
+    end = float(int(max(m["end"] for m in meta)) + 2) - GRID_PHASE_MS / 1000
     return Throwaway(tmpdir, argv, f"http://127.0.0.1:{port}", DEFAULT_START, end)
 
 
-def _backfill(prom: Throwaway, rules: Rules, promtool: str, progress: Progress) -> list[list[dict]]:
-    """Step 3: the recording rules, then the alerts' conditions, pass by pass at one phase."""
-    conditions = [{"record": condition_name(i), "expr": r["expr"]} for i, r in enumerate(rules.alerting)]
-    levels = recording_levels(rules.recording + conditions)
-    # One group name and one relative file name: Prometheus derives a group's sub-second
-    # evaluation phase from both, so every pass, and every backtest, shares one phase.
-    pass_file = prom.tmpdir / "backfill.yml"
-    for i, level in enumerate(levels, 1):
-        pass_file.write_text(yaml.safe_dump({"groups": [{"name": "backfill", "rules": level}]}))
+def _backfill(prom: Throwaway, passes: list[list[dict]], promtool: str, progress: Progress) -> None:
+    """Step 3's fallback: the recordings that are not inlined, pass by pass on the grid."""
+    pass_file = prom.tmpdir / RECORD_FILE  # relative, as its name is part of the group's phase
+    for i, level in enumerate(passes, 1):
+        pass_file.write_text(yaml.safe_dump({"groups": [{"name": RECORD_GROUP, "rules": level}]}))
         with prom.running():
-            progress(f"backfilling {len(level)} rules (pass {i}/{len(levels)})")
+            progress(f"backfilling {len(level)} rules (pass {i}/{len(passes)})")
             proc = run_tool(
                 [promtool, "tsdb", "create-blocks-from", "rules", f"--start={int(prom.start)}",
                  f"--end={int(prom.end)}", f"--url={prom.base}", "--eval-interval=1s", f"--output-dir={prom.data}",
-                 pass_file.name],
+                 RECORD_FILE],
                 BACKFILL_TIMEOUT_S, cwd=prom.tmpdir,
             )  # fmt: skip
             if proc.returncode != 0:
                 raise RuntimeError(f"promtool create-blocks-from rules failed: {proc.stderr.strip()[-500:]}")
-    return levels
 
 
 def _read_alerts(
-    prom: Throwaway, rules: Rules, first_recorded: str, run_ids: set[str], progress: Progress
+    prom: Throwaway, rules: Rules, conditions: list[str], run_ids: set[str], progress: Progress
 ) -> tuple[dict[str, dict[str, float]], dict[str, int], dict[str, dict[float, int]]]:
-    """Steps 4-5: each alert on the passes' own grid, and each run's step at every evaluation.
+    """Steps 4-5: each alert on the grid, and each run's step at the evaluations where one first fired.
 
     Returns (run -> alert -> first firing time, alert -> firing series of no run, run -> time -> step).
     """
     first: dict[str, dict[str, float]] = {run: {} for run in run_ids}
     unattributed: dict[str, int] = {}
-    with prom.running():
-        grid = _grid_start(prom.base, first_recorded, prom.start, prom.end)
-        for i, rule in enumerate(rules.alerting):
-            progress(f"reading {rule['alert']} ({i + 1}/{len(rules.alerting)})", done=i + 1 == len(rules.alerting))
-            for series in query_range(prom.base, firing_query(i, rule), grid, prom.end):
+
+    def firing(i: int) -> list[dict]:
+        rule = rules.alerting[i]
+        progress(f"reading {rule['alert']} ({i + 1}/{len(rules.alerting)})", done=i + 1 == len(rules.alerting))
+        return query_range(prom.base, firing_query(conditions[i], rule), prom.start, prom.end)
+
+    # Prometheus evaluates the queries in parallel. It stops first on the way out, so that a
+    # Ctrl-C does not wait for the queries in flight.
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool, prom.running():
+        steps = pool.submit(query_range, prom.base, STEP, prom.start, prom.end)
+        for rule, found in zip(rules.alerting, pool.map(firing, range(len(conditions))), strict=True):
+            for series in found:
                 run = run_of(series["metric"], run_ids)
                 if run is None:
                     unattributed[rule["alert"]] = unattributed.get(rule["alert"], 0) + 1
@@ -308,10 +391,7 @@ def _read_alerts(
                 t = float(series["values"][0][0])
                 prev = first[run].get(rule["alert"])
                 first[run][rule["alert"]] = t if prev is None else min(prev, t)
-        step_at = {
-            s["metric"].get("run_id"): {float(t): int(float(v)) for t, v in s["values"]}
-            for s in query_range(prom.base, "runwatch_train_step", grid, prom.end)
-        }
+        step_at = {s["metric"].get("run_id"): {float(t): int(float(v)) for t, v in s["values"]} for s in steps.result()}
     return first, unattributed, step_at
 
 
@@ -322,7 +402,11 @@ def backtest(
     workers: int | None = None,
     progress: Progress | None = None,
     precision: str = "fp64",
+    cache: DataCache | None = None,
+    inline: bool = True,
 ) -> Result:
+    """The backtest; `cache` keeps the loaded runs between calls (None: train afresh), and
+    `inline=False` backfills every recording rule first, as the backtest used to."""
     progress = progress or Progress()
     promtool, prometheus = binary("promtool"), binary("prometheus")
     rules = load_rules(rules_dir, promtool)
@@ -330,17 +414,16 @@ def backtest(
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="runwatch-backtest-") as tmp:
         t0 = time.perf_counter()
-        meta, samples = _train_and_load(seeds, incidents, Path(tmp), rules, promtool, workers, precision, progress)
+        meta, samples, cached = _load(seeds, incidents, Path(tmp), rules, promtool, workers, precision, progress, cache)
         timings["train_and_load"] = time.perf_counter() - t0
         prom = _throwaway(prometheus, Path(tmp), meta)
+        how = plan(rules, prom.start, inline)
         t0 = time.perf_counter()
-        levels = _backfill(prom, rules, promtool, progress)
+        _backfill(prom, how.passes, promtool, progress)
         timings["backfill_rules"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         alerts = list(dict.fromkeys(r["alert"] for r in rules.alerting))
-        first, unattributed, step_at = _read_alerts(
-            prom, rules, levels[0][0]["record"], {m["run_id"] for m in meta}, progress
-        )
+        first, unattributed, step_at = _read_alerts(prom, rules, how.conditions, {m["run_id"] for m in meta}, progress)
         timings["alerts"] = time.perf_counter() - t0
 
     runs = []
@@ -348,16 +431,7 @@ def backtest(
         fires = first[m["run_id"]]
         steps = {a: (step_at[m["run_id"]][fires[a]] if a in fires else None) for a in alerts}
         runs.append({**{k: m[k] for k in ("incident", "seed", "run_id")}, "first_fire": steps})
-    return Result(runs, unattributed, alerts, timings, samples)
-
-
-def _grid_start(base: str, recorded: str, start: float, end: float) -> float:
-    """The first evaluation time of the backfill passes: start plus their sub-second phase."""
-    found = query_range(base, f"timestamp({recorded})", start, end, 60.0)
-    stamps = [float(v) for s in found for _, v in s["values"]]
-    if not stamps:
-        return start  # the last pass recorded nothing: no alert ever held, any grid will do
-    return start + (min(stamps) - start) % 1.0
+    return Result(runs, unattributed, alerts, timings, samples, cached)
 
 
 # --- reporting ---
@@ -505,6 +579,13 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
         "--workers", type=number(int, 1, 64), default=None, help="training processes (default: one per core)"
     )
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="train the runs in this precision")
+    p.add_argument(
+        "--no-cache", action="store_true", help="train and load the runs afresh, and keep nothing in the cache"
+    )
+    p.add_argument(
+        "--cache-max-mb", type=number(int, 1, 1 << 20), default=CACHE_MAX_MB,
+        help=f"the cache's size cap in MB, least recently used entries first out (default {CACHE_MAX_MB})",
+    )  # fmt: skip
     return run
 
 
@@ -522,13 +603,14 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM as well as Ctrl-C unwinds through the finally blocks that stop Prometheus.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     t0 = time.perf_counter()
-    result = backtest(seeds, rules_dir, incidents, args.workers, precision=args.precision)
+    cache = None if args.no_cache else DataCache(default_root(), args.cache_max_mb << 20)
+    result = backtest(seeds, rules_dir, incidents, args.workers, precision=args.precision, cache=cache)
     wall = time.perf_counter() - t0
     summary = summarise(result)
     summary["seconds"]["total"] = round(wall, 1)
     print(report(summary, result.alerts))
     print(f"\n{len(result.runs)} {args.precision} runs ({len(seeds)} seeds x {len(incidents)} incidents), "
-          f"{result.samples:,} samples, in {wall:.1f}s")  # fmt: skip
+          f"{result.samples:,} samples{' (from the cache)' if result.cached else ''}, in {wall:.1f}s")  # fmt: skip
     if args.json is not None:
         doc = {"runs": result.runs, "summary": summary}
         write_atomic(args.json, json.dumps(doc, indent=1) + "\n")

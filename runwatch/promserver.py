@@ -58,8 +58,10 @@ def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None) -
 class Process:
     """A child server process, logged to a file, stopped with SIGTERM (then SIGKILL) on exit."""
 
-    def __init__(self, argv: list[str], ready_url: str, log_path: Path, timeout: float = 30.0):
+    def __init__(self, argv: list[str], ready_url: str, log_path: Path, timeout: float = 30.0, grace: float = 10.0):
+        """timeout: seconds to become ready; grace: seconds between SIGTERM and SIGKILL."""
         self.argv, self.ready_url, self.log_path, self.timeout = argv, ready_url, Path(log_path), timeout
+        self.grace = grace
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Process:
@@ -76,7 +78,7 @@ class Process:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=self.grace)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

@@ -24,6 +24,14 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.xdist_group("fixed-ports"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_cache(tmp_path_factory) -> Path:
+    """The backtest's data cache of this test session (of each xdist worker): never the user's."""
+    root = tmp_path_factory.mktemp("backtest-cache")
+    os.environ["RUNWATCH_CACHE"] = str(root)  # inherited by every runwatch the tests start
+    return root
+
+
 def need(binary: str) -> str:
     """The binary's path; fail (not skip) when it is missing: CI installs it."""
     path = shutil.which(binary)

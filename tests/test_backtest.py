@@ -1,6 +1,7 @@
 """`runwatch backtest` through a real Prometheus: the plate's signatures, its output, its failures."""
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -12,10 +13,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from runwatch import backtest as bt
 from runwatch.backtest import duration_seconds, parse_seeds, report
 from runwatch.command import UsageError
 from runwatch.paths import REPO
-from tests.conftest import edit, wait_for
+from runwatch.promserver import instant, query_range
+from tests.conftest import edit, need, wait_for
 
 
 def backtest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -150,8 +153,16 @@ def test_bad_flags(tmp_path, args, flag):
 
 
 def test_ctrl_c_stops_prometheus(tmp_path):
+    """Ctrl-C while the backtest's Prometheus evaluates: a learner's rule that is slow to evaluate
+    (the median of a 10 ms subquery over 10 minutes: over a minute here) keeps it busy."""
+    rules = tmp_path / "rules"
+    shutil.copytree(REPO / "prometheus" / "rules", rules)
+    (rules / "slow.yml").write_text(
+        "groups:\n  - name: slow\n    rules:\n      - alert: Slow\n"
+        "        expr: quantile_over_time(0.5, runwatch_train_loss[10m:10ms]) < 0\n"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runwatch", "backtest", "--seeds", "0-5"],
+        [sys.executable, "-m", "runwatch", "backtest", "--seeds", "0-5", "--rules", str(rules), "--no-cache"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # As in a terminal: a suite launched in the background (`make test &`) inherits an
         # ignored SIGINT, and Python then never raises KeyboardInterrupt.
@@ -159,9 +170,9 @@ def test_ctrl_c_stops_prometheus(tmp_path):
     )  # fmt: skip
     deadline = time.monotonic() + 120
     seen = ""
-    while time.monotonic() < deadline and "backfilling" not in seen:
+    while time.monotonic() < deadline and "reading Slow" not in seen:
         seen += proc.stderr.readline()
-    assert "backfilling" in seen
+    assert "reading Slow" in seen
     children = wait_for(lambda: its_prometheus(proc.pid), 30, "the backtest's own Prometheus")
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
@@ -206,3 +217,101 @@ def test_the_readout_table_keeps_two_spaces_between_wide_cells():
     }  # fmt: skip
     row = next(ln for ln in report(summary, ["A", "B"]).splitlines() if ln.startswith("lr_spike"))
     assert row == "lr_spike        301.5 (300-355) 18/100 [-]  301.5 (300-355) 18/100 [-]  100/100"
+
+
+# --- the edit-and-see loop: the data cache, and recording rules inlined or backfilled ---
+
+
+def cached_backtest(cache: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runwatch", "backtest", "--seeds", "0-1", "--incidents", "none,repeated_batch", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=300, env={**os.environ, "RUNWATCH_CACHE": str(cache)},
+    )  # fmt: skip
+
+
+def readouts(path: Path) -> list:
+    return json.loads(path.read_text())["runs"]
+
+
+def test_a_rule_edit_reads_the_cached_runs_and_a_damaged_cache_is_rebuilt(tmp_path):
+    cache = tmp_path / "cache"
+    first = cached_backtest(cache, "--json", "a.json", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "trained and loaded" in first.stderr and "(from the cache)" not in first.stdout
+    [entry] = [e for e in cache.iterdir() if not e.name.startswith(".")]
+
+    again = cached_backtest(cache, "--json", "b.json", cwd=tmp_path)
+    assert "loaded 4 runs from the cache" in again.stderr and "trained" not in again.stderr
+    assert "(from the cache)" in again.stdout
+    assert readouts(tmp_path / "b.json") == readouts(tmp_path / "a.json")
+
+    # the learner's edit: the same runs, read from the cache, under the new rule
+    rules = tmp_path / "rules"
+    shutil.copytree(REPO / "prometheus" / "rules", rules)
+    edit(rules / "alerts.yml", "ratio20s > 2\n", "ratio20s > 1.5\n", 1)
+    edited = cached_backtest(cache, "--rules", str(rules), "--json", "e.json", cwd=tmp_path)
+    assert "from the cache" in edited.stderr
+    sooner = [r["first_fire"]["HeldOutGap"] for r in readouts(tmp_path / "e.json") if r["incident"] != "none"]
+    before = [r["first_fire"]["HeldOutGap"] for r in readouts(tmp_path / "a.json") if r["incident"] != "none"]
+    assert all(s < b for s, b in zip(sooner, before, strict=True)), (sooner, before)
+
+    # a damaged block is found by its checksum: the entry is rebuilt, never read
+    chunk = next(p for p in (entry / "blocks").rglob("chunks/*"))
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    rebuilt = cached_backtest(cache, "--json", "c.json", cwd=tmp_path)
+    assert "trained and loaded" in rebuilt.stderr and "from the cache" not in rebuilt.stderr
+    assert readouts(tmp_path / "c.json") == readouts(tmp_path / "a.json")
+    # ... and so is an entry whose manifest is not one
+    (entry / "manifest.json").write_text("{not json")
+    assert "trained and loaded" in cached_backtest(cache, cwd=tmp_path).stderr
+    assert "from the cache" in cached_backtest(cache, cwd=tmp_path).stderr
+
+
+def test_no_cache_leaves_the_cache_alone(tmp_path):
+    res = cached_backtest(tmp_path / "cache", "--no-cache", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "trained and loaded" in res.stderr and not (tmp_path / "cache").exists()
+
+
+def test_a_recording_read_with_matchers_is_backfilled_and_reads_the_same(tmp_path):
+    """A form the inliner does not rewrite (label matchers on a recorded series) falls back to
+    promtool's backfill of that rule; both ways give the same readouts."""
+    rules = tmp_path / "rules"
+    shutil.copytree(REPO / "prometheus" / "rules", rules)
+    edit(rules / "alerts.yml", "run:runwatch_train_heldout_to_train_loss:ratio20s > 2",
+         'run:runwatch_train_heldout_to_train_loss:ratio20s{job="trainer"} > 2', 1)  # fmt: skip
+    matched = cached_backtest(tmp_path / "cache", "--rules", str(rules), "--json", "m.json", cwd=tmp_path)
+    assert matched.returncode == 0, matched.stderr
+    assert "backfilling 1 rules (pass 1/1)" in matched.stderr
+    plain = cached_backtest(tmp_path / "cache", "--json", "p.json", cwd=tmp_path)
+    assert "backfilling" not in plain.stderr
+    assert readouts(tmp_path / "m.json") == readouts(tmp_path / "p.json")
+    assert {r["first_fire"]["HeldOutGap"] is not None for r in readouts(tmp_path / "m.json")} == {True, False}
+
+
+def test_every_recording_inlined_or_every_one_backfilled_gives_the_same_readouts():
+    """The shipped rules both ways, on a sample of seeds: inlined as subqueries (the default)
+    and backfilled pass by pass with promtool, as the backtest used to."""
+    seeds, rules = [3, 4], REPO / "prometheus" / "rules"
+    inlined = bt.backtest(seeds, rules, progress=lambda *a, **k: None)
+    backfilled = bt.backtest(seeds, rules, progress=lambda *a, **k: None, inline=False)
+    assert inlined.runs == backfilled.runs and inlined.unattributed == backfilled.unattributed == {}
+    assert sum(v is not None for r in inlined.runs for v in r["first_fire"].values()) >= 10
+
+
+def test_promtool_backfills_on_the_whole_seconds_subqueries_evaluate_on(tmp_path):
+    """RECORD_GROUP's name and file give its evaluations a phase of 0 ms: what promtool records
+    is at whole seconds, where an inlined subquery evaluates."""
+    promtool, prometheus = need("promtool"), need("prometheus")
+    families = {"runwatch_train_step", "up"}
+    meta, _ = bt._train_and_load([5], ("none",), tmp_path, families, promtool, 1, "fp64", lambda *a, **k: None)
+    prom = bt._throwaway(prometheus, tmp_path, meta)
+    bt._backfill(prom, [[{"record": "backtest:step:count", "expr": "count(runwatch_train_step)"}]], promtool,
+                 lambda *a, **k: None)  # fmt: skip
+    with prom.running():
+        found = instant(prom.base, "timestamp(backtest:step:count)", prom.start + 100.5)
+        stamps = query_range(prom.base, "timestamp(backtest:step:count)", prom.start, prom.end, 7.0)
+    assert float(found[0]["value"][1]) == prom.start + 100
+    assert {float(v) % 1 for s in stamps for _, v in s["values"]} == {0.0}
