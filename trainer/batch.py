@@ -41,6 +41,7 @@ from trainer.run import (
     step_durations,
     weight_norm,
 )
+from trainer.run import arithmetic as run_arithmetic
 
 
 def train_many(configs: list[TrainConfig]) -> list[list[StepRecord]]:
@@ -57,11 +58,16 @@ def train_many(configs: list[TrainConfig]) -> list[list[StepRecord]]:
     seeds = sorted({c.seed for c in configs})
     healthy = [dataclasses.replace(base, seed=s) for s in seeds]
     means = model.class_means(base)
-    prefix = _Lanes(healthy, means, [heldout_set(c, means) for c in healthy])
+    prefix = _Lanes.start(healthy, means)
     head = prefix.run(0, base.onset)
+    # From the onset, one lane per seed and arithmetic: a slow node's weights are the healthy
+    # run's (only its clock differs), so both runs read one lane.
+    arithmetic = {i: run_arithmetic(dataclasses.replace(base, incident=i)) for i in {c.incident for c in configs}}
+    lanes: dict[tuple, int] = {}
+    lane_of = [lanes.setdefault((c.seed, arithmetic[c.incident]), len(lanes)) for c in configs]
+    firsts = {lane: c for c, lane in reversed(list(zip(configs, lane_of, strict=True)))}
+    tail = prefix.fork([firsts[i] for i in range(len(lanes))], configs, lane_of).run(base.onset, base.steps)
     row = {s: i for i, s in enumerate(seeds)}
-    lanes = prefix.fork(configs, [row[c.seed] for c in configs])
-    tail = lanes.run(base.onset, base.steps)
     return [head[row[c.seed]] + tail[i] for i, c in enumerate(configs)]
 
 
@@ -79,32 +85,38 @@ def _one_by_one(configs: list[TrainConfig]) -> list[list[StepRecord]]:
 
 
 class _Lanes:
-    """The state of many runs at one step: weights (lanes, features, classes), clock, fit."""
+    """Many runs at one step. The arithmetic (weights, held-out loss, fit) is kept per lane,
+    lanes[j]; the clock per run, runs[i], which reads lane lane_of[i]."""
 
-    def __init__(self, configs: list[TrainConfig], means: np.ndarray, heldout: list[tuple[np.ndarray, np.ndarray]]):
-        self.configs, self.means = configs, means
-        cfg = configs[0]
-        n = len(configs)
-        self.w = np.zeros((n, cfg.features, cfg.classes))
-        self.b = np.zeros((n, cfg.classes))
-        self.heldout_x = np.stack([x for x, _ in heldout])
-        self.heldout_y = np.stack([y for _, y in heldout])
-        self.heldout_loss = np.full(n, np.nan)
+    def __init__(self, lanes: list[TrainConfig], runs: list[TrainConfig], lane_of: list[int], means: np.ndarray):
+        self.lanes, self.runs, self.lane_of, self.means = lanes, runs, lane_of, means
         # Trainer adds each step's duration to its clock in turn; add.accumulate does the same adds
-        durations = np.stack([step_durations(c) for c in configs])
-        self.durations, self.lab_time = durations, np.add.accumulate(durations, axis=1)
-        self.fit_losses = np.zeros((n, max(0, cfg.fit_end - cfg.fit_start)))
-        self.fits: list[tuple[float, float, float] | None] = [None] * n
+        self.durations = np.stack([step_durations(c) for c in runs])
+        self.lab_time = np.add.accumulate(self.durations, axis=1)
 
-    def fork(self, configs: list[TrainConfig], rows: list[int]) -> _Lanes:
-        """Lanes that go on under `configs`, lane i from this lane rows[i] (a seed into its incidents)."""
-        other = _Lanes.__new__(_Lanes)
-        other.configs, other.means = configs, self.means
+    @classmethod
+    def start(cls, configs: list[TrainConfig], means: np.ndarray) -> _Lanes:
+        """One lane per config, at step 0."""
+        lanes = cls(configs, configs, list(range(len(configs))), means)
+        cfg, n = configs[0], len(configs)
+        lanes.w = np.zeros((n, cfg.features, cfg.classes))
+        lanes.b = np.zeros((n, cfg.classes))
+        heldout = [heldout_set(c, means) for c in configs]
+        lanes.heldout_x = np.stack([x for x, _ in heldout])
+        lanes.heldout_y = np.stack([y for _, y in heldout])
+        lanes.heldout_loss = np.full(n, np.nan)
+        lanes.fit_losses = np.zeros((n, max(0, cfg.fit_end - cfg.fit_start)))
+        lanes.fits: list[tuple[float, float, float] | None] = [None] * n
+        return lanes
+
+    def fork(self, lanes: list[TrainConfig], runs: list[TrainConfig], lane_of: list[int]) -> _Lanes:
+        """Lanes that go on under `lanes`, each from this object's lane of its seed (a seed into
+        its incidents), read by `runs`."""
+        rows = [next(j for j, c in enumerate(self.lanes) if c.seed == lane.seed) for lane in lanes]
+        other = _Lanes(lanes, runs, lane_of, self.means)
         other.w, other.b = self.w[rows], self.b[rows]  # fancy indexing copies
         other.heldout_x, other.heldout_y = self.heldout_x[rows], self.heldout_y[rows]
         other.heldout_loss = self.heldout_loss[rows]
-        other.durations = np.stack([step_durations(c) for c in configs])
-        other.lab_time = np.add.accumulate(other.durations, axis=1)
         other.fit_losses = self.fit_losses[rows]
         other.fits = [self.fits[r] for r in rows]
         return other
@@ -113,7 +125,7 @@ class _Lanes:
         """Every lane's (x, y) at this step: one draw per seed and source step, shared by its incidents."""
         drawn: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         xs, ys = [], []
-        for cfg in self.configs:
+        for cfg in self.lanes:
             key = (cfg.seed, batch_source(cfg, step))
             if key not in drawn:
                 drawn[key] = draw_batch(cfg, self.means, key[1])
@@ -123,9 +135,9 @@ class _Lanes:
         return np.stack(xs), np.stack(ys)
 
     def run(self, start: int, stop: int) -> list[list[StepRecord]]:
-        """Steps [start, stop) of every lane; one list of records per lane."""
-        n = len(self.configs)
-        lanes, out = np.arange(n)[:, None], [[] for _ in range(n)]
+        """Steps [start, stop) of every lane; one list of records per run."""
+        cfg0 = self.lanes[0]
+        lanes, out = np.arange(len(self.lanes))[:, None], [[] for _ in self.runs]
         for s in range(start, stop):
             # --- batch, forward, backward (model.forward_backward, lane by lane) ---
             x, y = self._batches(s)
@@ -138,14 +150,12 @@ class _Lanes:
             delta /= y.shape[1]
             g_w, g_b = np.matmul(x.transpose(0, 2, 1), delta), delta.sum(axis=1)
             # --- held-out evaluation, on the same weights as this step's training loss ---
-            cfg0 = self.configs[0]
             if s % cfg0.heldout_every == 0:
                 held = model.log_softmax(np.matmul(self.heldout_x, self.w) + self.b[:, None, :])
-                self.heldout_loss = -held[lanes, np.arange(self.heldout_y.shape[1])[None, :], self.heldout_y].mean(
-                    axis=1
-                )
+                examples = np.arange(self.heldout_y.shape[1])[None, :]
+                self.heldout_loss = -held[lanes, examples, self.heldout_y].mean(axis=1)
             # --- update ---
-            lr = np.array([learning_rate(c, s) for c in self.configs])
+            lr = np.array([learning_rate(c, s) for c in self.lanes])
             grad_norm = np.sqrt((g_w * g_w).sum(axis=(1, 2)) + (g_b * g_b).sum(axis=1))
             self.w -= lr[:, None, None] * g_w
             self.b -= lr[:, None] * g_b
@@ -153,25 +163,30 @@ class _Lanes:
             if cfg0.fit_start <= s < cfg0.fit_end:
                 self.fit_losses[:, s - cfg0.fit_start] = loss
                 if s == cfg0.fit_end - 1:
-                    self.fits = [fit_expected(c, self.fit_losses[i]) for i, c in enumerate(self.configs)]
-            # --- the records ---
-            for i, c in enumerate(self.configs):
+                    self.fits = [fit_expected(c, self.fit_losses[j]) for j, c in enumerate(self.lanes)]
+            # --- the records: each run reads its lane's arithmetic, on its own clock ---
+            lane = {
+                "loss": loss.tolist(), "heldout_loss": self.heldout_loss.tolist(), "gradient_norm": grad_norm.tolist(),
+                "lr": lr.tolist(), "weight_norm": [weight_norm(w, b) for w, b in zip(self.w, self.b, strict=True)],
+                "expected_loss": [expected_loss(fit, s) for fit in self.fits],
+            }  # fmt: skip
+            for i, (c, j) in enumerate(zip(self.runs, self.lane_of, strict=True)):
                 out[i].append(
                     StepRecord(
                         step=s,
-                        loss=float(loss[i]),
-                        heldout_loss=float(self.heldout_loss[i]),
-                        gradient_norm=float(grad_norm[i]),
-                        lr=float(lr[i]),
+                        loss=lane["loss"][j],
+                        heldout_loss=lane["heldout_loss"][j],
+                        gradient_norm=lane["gradient_norm"][j],
+                        lr=lane["lr"][j],
                         duration_seconds=float(self.durations[i, s]),
                         tokens=c.batch_size * c.tokens_per_example,
                         incident_active=incident_active(c, s),
                         lab_time=float(self.lab_time[i, s]),
-                        weight_norm=weight_norm(self.w[i], self.b[i]),
-                        expected_loss=expected_loss(self.fits[i], s),
+                        weight_norm=lane["weight_norm"][j],
+                        expected_loss=lane["expected_loss"][j],
                         loss_scale=float("nan"),
                         skipped=False,
-                        logits=logits[i],
+                        logits=logits[j],
                     )
                 )
         return out

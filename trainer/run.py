@@ -37,16 +37,15 @@ def _rng(cfg: TrainConfig, stream: int, step: int = 0) -> np.random.Generator:
     return np.random.default_rng([cfg.seed, stream, step])
 
 
+# How long each incident lasts: the config field that says, or the whole run from the onset.
+_LENGTH = {"lr_spike": "lr_spike_steps", "corrupt_shard": "corrupt_steps", "repeated_batch": "repeat_steps",
+           "slow_node": "steps"}  # fmt: skip
+
+
 def incident_active(cfg: TrainConfig, step: int) -> bool:
     """Whether the configured incident acts on this step."""
-    length = {
-        "none": 0,
-        "lr_spike": cfg.lr_spike_steps,
-        "corrupt_shard": cfg.corrupt_steps,
-        "repeated_batch": cfg.repeat_steps,
-        "slow_node": cfg.steps,  # from the onset to the end
-    }[cfg.incident]
-    return cfg.onset <= step < cfg.onset + length
+    field = _LENGTH.get(cfg.incident)
+    return field is not None and cfg.onset <= step < cfg.onset + getattr(cfg, field)
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -78,11 +77,23 @@ def draw_batch(cfg: TrainConfig, means: np.ndarray, source: int) -> tuple[np.nda
     return model.sample(_rng(cfg, _BATCH, source), means, cfg.batch_size, cfg.noise)
 
 
+def shuffles_labels(cfg: TrainConfig, step: int) -> bool:
+    """Whether this step reads a corrupt shard, whose labels are shuffled."""
+    return cfg.incident == "corrupt_shard" and incident_active(cfg, step)
+
+
 def corrupt_labels(cfg: TrainConfig, step: int, y: np.ndarray) -> np.ndarray:
     """The labels trained on at this step: shuffled while a corrupt shard is read."""
-    if cfg.incident == "corrupt_shard" and incident_active(cfg, step):
-        return _rng(cfg, _SHUFFLE, step).permutation(y)
-    return y
+    return _rng(cfg, _SHUFFLE, step).permutation(y) if shuffles_labels(cfg, step) else y
+
+
+def arithmetic(cfg: TrainConfig) -> tuple:
+    """Everything of the incident that a step's arithmetic reads, step by step from the onset:
+    which batch, shuffled or not, at which learning rate. Two incidents with the same arithmetic
+    (a slow node and none: only the clock differs) train the same weights, bit for bit."""
+    return tuple(
+        (batch_source(cfg, s), shuffles_labels(cfg, s), learning_rate(cfg, s)) for s in range(cfg.onset, cfg.steps)
+    )
 
 
 def get_batch(cfg: TrainConfig, means: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
