@@ -16,7 +16,10 @@ Not for live runs: `trainer.live` paces and exports.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -60,42 +63,40 @@ def simulate(cfg: TrainConfig, start: float = DEFAULT_START) -> OfflineRun:
     return OfflineRun(cfg, Trainer(cfg).run(), start)
 
 
-def _families(run: OfflineRun) -> dict[str, tuple[str, str, list[float]]]:
-    """name -> (type, labels, one value per step) for one run."""
+def _families(run: OfflineRun) -> dict[str, tuple[str, str, Callable[[], list[float]]]]:
+    """name -> (type, labels, a function giving one value per step) for one run. The values are
+    computed only for the families written (the backtest writes few)."""
     recs, cfg = run.records, run.cfg
-    tokens, cum = [], 0
-    for r in recs:
-        cum += r.tokens
-        tokens.append(float(cum))
-    skipped, cum_skipped = [], 0
-    for r in recs:
-        cum_skipped += r.skipped
-        skipped.append(float(cum_skipped))
+
+    def cumulative(values: list[float]) -> list[float]:
+        return [float(v) for v in itertools.accumulate(values)]
+
+    norms = functools.cache(lambda: activation_norms([r.logits for r in recs]))  # the whole run in one pass
+    n = len(recs)
     fam = {
-        m.STEP: ("gauge", run.labels, [float(r.step) for r in recs]),
-        m.LOSS: ("gauge", run.labels, [r.loss for r in recs]),
-        m.HELDOUT_LOSS: ("gauge", run.labels, [r.heldout_loss for r in recs]),
-        m.GRADIENT_NORM: ("gauge", run.labels, [r.gradient_norm for r in recs]),
-        m.TOKENS_PER_SECOND: ("gauge", run.labels, [r.tokens_per_second for r in recs]),
-        m.TOKENS: ("counter", run.labels, tokens),
-        "up": ("gauge", f'job="trainer",instance="offline/{cfg.label}"', [1.0] * len(recs)),
+        m.STEP: ("gauge", run.labels, lambda: [float(r.step) for r in recs]),
+        m.LOSS: ("gauge", run.labels, lambda: [r.loss for r in recs]),
+        m.HELDOUT_LOSS: ("gauge", run.labels, lambda: [r.heldout_loss for r in recs]),
+        m.GRADIENT_NORM: ("gauge", run.labels, lambda: [r.gradient_norm for r in recs]),
+        m.TOKENS_PER_SECOND: ("gauge", run.labels, lambda: [r.tokens_per_second for r in recs]),
+        m.TOKENS: ("counter", run.labels, lambda: cumulative([r.tokens for r in recs])),
+        "up": ("gauge", f'job="trainer",instance="offline/{cfg.label}"', lambda: [1.0] * n),
     }
     info_incident = m.HIDDEN if cfg.drill else cfg.incident
-    fam[m.RUN_INFO] = ("gauge", f'{run.labels},seed="{cfg.seed}",incident="{info_incident}"', [1.0] * len(recs))
-    fam[m.RUN_START] = ("gauge", run.labels, [run.start] * len(recs))
+    fam[m.RUN_INFO] = ("gauge", f'{run.labels},seed="{cfg.seed}",incident="{info_incident}"', lambda: [1.0] * n)
+    fam[m.RUN_START] = ("gauge", run.labels, lambda: [run.start] * n)
     # the live exporter says when a run ended once it has: here, at its last step only
-    fam[m.RUN_END] = ("gauge", run.labels, [math.nan] * (len(recs) - 1) + [run.step_time(len(recs) - 1)])
-    norm_mean, norm_max = activation_norms([r.logits for r in recs])  # the whole run in one pass
-    fam[m.LOGIT_NORM_MEAN] = ("gauge", run.labels, norm_mean)
-    fam[m.LOGIT_NORM_MAX] = ("gauge", run.labels, norm_max)
-    fam[m.WEIGHT_NORM] = ("gauge", run.labels, [r.weight_norm for r in recs])
-    fam[m.EXPECTED_LOSS] = ("gauge", run.labels, [r.expected_loss for r in recs])
+    fam[m.RUN_END] = ("gauge", run.labels, lambda: [math.nan] * (n - 1) + [run.step_time(n - 1)])
+    fam[m.LOGIT_NORM_MEAN] = ("gauge", run.labels, lambda: norms()[0])
+    fam[m.LOGIT_NORM_MAX] = ("gauge", run.labels, lambda: norms()[1])
+    fam[m.WEIGHT_NORM] = ("gauge", run.labels, lambda: [r.weight_norm for r in recs])
+    fam[m.EXPECTED_LOSS] = ("gauge", run.labels, lambda: [r.expected_loss for r in recs])
     if cfg.precision == "fp16":
-        fam[m.LOSS_SCALE] = ("gauge", run.labels, [r.loss_scale for r in recs])
-        fam[m.SKIPPED_STEPS] = ("counter", run.labels, skipped)
+        fam[m.LOSS_SCALE] = ("gauge", run.labels, lambda: [r.loss_scale for r in recs])
+        fam[m.SKIPPED_STEPS] = ("counter", run.labels, lambda: cumulative([int(r.skipped) for r in recs]))
     if not cfg.drill:
-        fam[m.LEARNING_RATE] = ("gauge", run.labels, [r.lr for r in recs])
-        fam[m.INCIDENT_ACTIVE] = ("gauge", run.labels, [1.0 if r.incident_active else 0.0 for r in recs])
+        fam[m.LEARNING_RATE] = ("gauge", run.labels, lambda: [r.lr for r in recs])
+        fam[m.INCIDENT_ACTIVE] = ("gauge", run.labels, lambda: [1.0 if r.incident_active else 0.0 for r in recs])
     return fam
 
 
@@ -128,7 +129,7 @@ def write_openmetrics(runs: list[OfflineRun], fh: TextIO, families: set[str] | N
             _, labels, values = fams[name]
             head = f"{sample}{{{labels}}} "
             # NaN marks "no value yet" (the expected loss before its fit): a scrape would not have it
-            lines = [f"{head}{float(v)!r} {t}\n" for v, t in zip(values, stamp, strict=True) if v == v]
+            lines = [f"{head}{float(v)!r} {t}\n" for v, t in zip(values(), stamp, strict=True) if v == v]
             fh.writelines(lines)
             count += len(lines)
     fh.write("# EOF\n")
