@@ -381,7 +381,6 @@ def _read_alerts(
     # Prometheus evaluates the queries in parallel. It stops first on the way out, so that a
     # Ctrl-C does not wait for the queries in flight.
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool, prom.running():
-        steps = pool.submit(query_range, prom.base, STEP, prom.start, prom.end)
         for rule, found in zip(rules.alerting, pool.map(firing, range(len(conditions))), strict=True):
             for series in found:
                 run = run_of(series["metric"], run_ids)
@@ -391,7 +390,10 @@ def _read_alerts(
                 t = float(series["values"][0][0])
                 prev = first[run].get(rule["alert"])
                 first[run][rule["alert"]] = t if prev is None else min(prev, t)
-        step_at = {s["metric"].get("run_id"): {float(t): int(float(v)) for t, v in s["values"]} for s in steps.result()}
+        # every run's step on the grid points from the first first-firing to the last one
+        fired = [t for alerts in first.values() for t in alerts.values()]
+        steps = query_range(prom.base, STEP, min(fired), max(fired)) if fired else []
+        step_at = {s["metric"].get("run_id"): {float(t): int(float(v)) for t, v in s["values"]} for s in steps}
     return first, unattributed, step_at
 
 
