@@ -138,6 +138,7 @@ class _Lanes:
         """Steps [start, stop) of every lane; one list of records per run."""
         cfg0 = self.lanes[0]
         lanes, out = np.arange(len(self.lanes))[:, None], [[] for _ in self.runs]
+        durations, lab_time = self.durations.tolist(), self.lab_time.tolist()  # Python floats, as Trainer's
         for s in range(start, stop):
             # --- batch, forward, backward (model.forward_backward, lane by lane) ---
             x, y = self._batches(s)
@@ -154,8 +155,9 @@ class _Lanes:
                 held = model.log_softmax(np.matmul(self.heldout_x, self.w) + self.b[:, None, :])
                 examples = np.arange(self.heldout_y.shape[1])[None, :]
                 self.heldout_loss = -held[lanes, examples, self.heldout_y].mean(axis=1)
-            # --- update ---
-            lr = np.array([learning_rate(c, s) for c in self.lanes])
+            # --- update (the learning rate and the incident follow from the incident alone) ---
+            by_incident = {c.incident: (learning_rate(c, s), incident_active(c, s)) for c in self.lanes + self.runs}
+            lr = np.array([by_incident[c.incident][0] for c in self.lanes])
             grad_norm = np.sqrt((g_w * g_w).sum(axis=(1, 2)) + (g_b * g_b).sum(axis=1))
             self.w -= lr[:, None, None] * g_w
             self.b -= lr[:, None] * g_b
@@ -178,10 +180,10 @@ class _Lanes:
                         heldout_loss=lane["heldout_loss"][j],
                         gradient_norm=lane["gradient_norm"][j],
                         lr=lane["lr"][j],
-                        duration_seconds=float(self.durations[i, s]),
+                        duration_seconds=durations[i][s],
                         tokens=c.batch_size * c.tokens_per_example,
-                        incident_active=incident_active(c, s),
-                        lab_time=float(self.lab_time[i, s]),
+                        incident_active=by_incident[c.incident][1],
+                        lab_time=lab_time[i][s],
                         weight_norm=lane["weight_norm"][j],
                         expected_loss=lane["expected_loss"][j],
                         loss_scale=float("nan"),
