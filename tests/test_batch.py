@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from trainer.batch import train_many
+from trainer import model
+from trainer.batch import log_softmax_by_class, train_many
 from trainer.config import INCIDENTS, MAX_SEED, TrainConfig
 from trainer.offline import OfflineRun, write_openmetrics
 from trainer.run import Trainer
@@ -69,3 +70,12 @@ def test_configs_that_differ_in_more_than_seed_and_incident_are_refused():
     with pytest.raises(ValueError, match="only in seed and incident"):
         train_many([TrainConfig(seed=1), TrainConfig(seed=2, lr=0.2)])
     assert train_many([]) == []
+
+
+@pytest.mark.parametrize("classes", [2, 7, 8, 10, 16, 17, 37, 128, 130])
+def test_the_plane_by_plane_log_softmax_is_the_models_bit_for_bit(classes):
+    rng = np.random.default_rng(classes)
+    logits = rng.normal(0.0, 8.0, size=(7, 64, classes))
+    logits[0, 0, 0] = 700.0  # an exponent near overflow, and a row of equal logits
+    logits[1, 1, :] = 3.25
+    assert np.array_equal(np.moveaxis(log_softmax_by_class(logits), 0, -1), model.log_softmax(logits))

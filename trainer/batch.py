@@ -144,17 +144,17 @@ class _Lanes:
             x, y = self._batches(s)
             rows = np.arange(y.shape[1])[None, :]
             logits = np.matmul(x, self.w) + self.b[:, None, :]
-            logp = model.log_softmax(logits)
-            loss = -logp[lanes, rows, y].mean(axis=1)
-            delta = np.exp(logp)
+            logp = log_softmax_by_class(logits)  # (classes, lanes, examples)
+            loss = -logp[y, lanes, rows].mean(axis=1)
+            delta = np.ascontiguousarray(np.moveaxis(np.exp(logp), 0, -1))  # back to (lanes, examples, classes)
             delta[lanes, rows, y] -= 1.0
             delta /= y.shape[1]
             g_w, g_b = np.matmul(x.transpose(0, 2, 1), delta), delta.sum(axis=1)
             # --- held-out evaluation, on the same weights as this step's training loss ---
             if s % cfg0.heldout_every == 0:
-                held = model.log_softmax(np.matmul(self.heldout_x, self.w) + self.b[:, None, :])
+                held = log_softmax_by_class(np.matmul(self.heldout_x, self.w) + self.b[:, None, :])
                 examples = np.arange(self.heldout_y.shape[1])[None, :]
-                self.heldout_loss = -held[lanes, examples, self.heldout_y].mean(axis=1)
+                self.heldout_loss = -held[self.heldout_y, lanes, examples].mean(axis=1)
             # --- update (the learning rate and the incident follow from the incident alone) ---
             by_incident = {c.incident: (learning_rate(c, s), incident_active(c, s)) for c in self.lanes + self.runs}
             lr = np.array([by_incident[c.incident][0] for c in self.lanes])
@@ -192,3 +192,39 @@ class _Lanes:
                     )
                 )
         return out
+
+
+# numpy adds a row of up to this many in one block: eight running sums, then the rest one by one
+_PAIRWISE_BLOCK = 128
+
+
+def log_softmax_by_class(logits: np.ndarray) -> np.ndarray:
+    """model.log_softmax of a stack (..., classes), computed on planes, one per class: returned
+    with the classes first, (classes, ...).
+
+    The same operations as model.log_softmax, in the same order: the row maximum, the shift, the
+    exponentials, their row sum as numpy's add.reduce takes it over a short contiguous row (eight
+    running sums combined pairwise, then the rest in turn; sequential below eight), the log.
+    Done elementwise across class planes instead of along rows of ten, it is about twice as fast
+    at a backtest's shapes. tests/test_batch.py checks it equals model.log_softmax, bit for bit.
+    """
+    n = logits.shape[-1]
+    if n > _PAIRWISE_BLOCK:  # numpy splits longer rows recursively: use its own reduction
+        return np.moveaxis(model.log_softmax(logits), -1, 0)
+    planes = np.ascontiguousarray(np.moveaxis(logits, -1, 0))
+    z = planes - np.maximum.reduce(planes, axis=0)
+    e = np.exp(z)
+    if n < 8:
+        total = e[0]
+        for k in range(1, n):
+            total = total + e[k]
+    else:
+        sums = list(e[:8])
+        k = 8
+        while k < n - n % 8:
+            sums = [sums[j] + e[k + j] for j in range(8)]
+            k += 8
+        total = ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]))
+        for rest in range(k, n):
+            total = total + e[rest]
+    return z - np.log(total)
