@@ -50,7 +50,7 @@ from trainer.batch import train_many
 from trainer.config import MAX_SEED, TrainConfig
 from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, write_openmetrics
 
-# A backfill that runs past this is hung, not slow: 500 runs backfill in about 10 s here.
+# A load or backfill that runs past this is hung, not slow: 500 runs load in about 8 s here.
 BACKFILL_TIMEOUT_S = 900
 RETENTION = "100y"  # the runs are stamped in 2026-01; a short retention would delete them
 # A recording rule over ALERTS (alerts.yml's first-fire record) has no input here: the
