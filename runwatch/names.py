@@ -21,6 +21,7 @@ FIRST_FIRED = "run_alert:runwatch_train_step:first_fired"
 # --- components: each one's port, the same natively (on 127.0.0.1) and published by compose ---
 PORTS = {"trainer": 8000, "pager": 9095, "alertmanager": 9093, "prometheus": 9090, "console": 9096}
 CONTROL_PORT = 8001  # the healthy control run of `runwatch up --control`
+RANK_PORT_BASE = 8100  # rank r of a cluster run serves its own metrics on 8100 + r
 LOOPBACK = "127.0.0.1"
 
 

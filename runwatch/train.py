@@ -3,6 +3,7 @@
 runwatch train --incident corrupt_shard --seed 3            # live on :8000
 runwatch train --incident random --fast-forward 250         # a drill: the incident is sealed
 runwatch train --offline --out run.om --incident slow_node  # for promtool / the backtest
+runwatch train --ranks 4 --incident straggler               # 4 ranks over MPI; rank r on :810r too
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import os
 import random
 import secrets
 import signal
@@ -20,10 +22,21 @@ from pathlib import Path
 
 from exporter.metrics import HIDDEN, TrainerMetrics
 from exporter.server import PortInUseError, start
+from runwatch import cluster
 from runwatch.command import Command, UsageError, check_writable, flag, number
 from runwatch.files import write_atomic
-from runwatch.names import PORTS
-from trainer.config import INCIDENTS, MAX_LR, MAX_SEED, MAX_STEPS, ConfigError, TrainConfig, draw_drill
+from runwatch.names import PORTS, RANK_PORT_BASE
+from trainer.config import (
+    CLUSTER_INCIDENTS,
+    INCIDENTS,
+    MAX_LR,
+    MAX_RANKS,
+    MAX_SEED,
+    MAX_STEPS,
+    ConfigError,
+    TrainConfig,
+    draw_drill,
+)
 from trainer.live import RunRecord, run_live, unique_run_id
 from trainer.offline import simulate, write_openmetrics
 from trainer.run import Trainer
@@ -36,7 +49,10 @@ STEP = number(int, 0, MAX_STEPS)
 
 def add_arguments(p: argparse.ArgumentParser) -> Command:
     d = TrainConfig()
-    p.add_argument("--incident", default=None, help=f"one of {', '.join(INCIDENTS)}, or {RANDOM} for a drill")
+    p.add_argument(
+        "--incident", default=None,
+        help=f"one of {', '.join(INCIDENTS)}, or {RANDOM} for a drill; with --ranks, {', '.join(CLUSTER_INCIDENTS)}",
+    )  # fmt: skip
     p.add_argument("--seed", type=SEED, default=d.seed, help="seeds batches, held-out set and jitter")
     p.add_argument("--steps", type=number(int, 1, MAX_STEPS), default=d.steps)
     p.add_argument("--onset", type=STEP, default=None, help=f"first incident step (default {d.onset})")
@@ -68,6 +84,18 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
         "--resume", type=Path, default=None, metavar="CHECKPOINT",
         help="go on from a saved checkpoint (its config, unless --lr or --incident say otherwise)",
     )  # fmt: skip
+    p.add_argument(
+        "--ranks", type=number(int, 1, MAX_RANKS), default=d.ranks,
+        help="data-parallel ranks: live, one process each under mpiexec; offline, simulated in one",
+    )  # fmt: skip
+    p.add_argument(
+        "--rank-port-base", type=number(int, 0, 65535 - MAX_RANKS), default=RANK_PORT_BASE, metavar="PORT",
+        help=f"rank r serves its own /metrics on PORT + r (default {RANK_PORT_BASE}; 0: any free ports)",
+    )  # fmt: skip
+    p.add_argument(
+        "--step-seconds", type=number(float, 0.001, 60), default=d.step_seconds, metavar="SECONDS",
+        help="nominal device time of a step (default 1: the rules read one step per lab second; shorter for tests)",
+    )  # fmt: skip
     p.add_argument("--offline", action="store_true", help="no HTTP, no pacing: write --out")
     p.add_argument("--out", type=Path, default=None, help="OpenMetrics file for --offline")
     return run
@@ -80,6 +108,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
     incident = args.incident or "none"
     if args.sealed_answer is not None and not drill:
         raise UsageError("--sealed-answer: only with --incident random")
+    if drill and args.ranks > 1:
+        raise UsageError("--ranks: drills train on one rank for now")
     if drill:
         if args.sealed_answer is not None:
             answer = read_sealed_answer(args.sealed_answer)
@@ -98,6 +128,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
         run_id=args.run_id,
         drill=drill,
         precision=args.precision,
+        ranks=args.ranks,
+        step_seconds=args.step_seconds,
     )
     try:
         cfg.validate()
@@ -146,6 +178,8 @@ def resume(args: argparse.Namespace) -> Trainer:
         raise UsageError(f"--resume: no checkpoint at {args.resume}") from None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:  # empty, truncated, foreign
         raise UsageError(f"--resume: {args.resume} is not a runwatch checkpoint ({err})") from None
+    if trainer.cfg.ranks > 1 or args.ranks > 1:
+        raise UsageError("--resume: a run over several ranks cannot be resumed yet")
     changes = {k: v for k, v in (("lr", args.lr), ("incident", args.incident)) if v is not None}
     if changes.get("incident") == RANDOM:
         raise UsageError("--incident: a resumed run cannot become a drill")
@@ -175,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
     if resumed is None and not cfg.run_id:  # a live run of its own: never merged with an earlier one
         cfg = dataclasses.replace(cfg, run_id=unique_run_id(cfg.label))
         public = dataclasses.replace(public, run_id=cfg.run_id)
+    if cfg.ranks > 1 and cluster.RANK_ENV not in os.environ:  # the launcher: the ranks are mpiexec's
+        return cluster.launch(args, cfg)
 
     run_dir = args.run_dir or Path("runs") / cfg.label
     try:
@@ -182,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         check_writable(run_dir / "run.json", "--run-dir")
     except OSError as err:
         raise UsageError(f"--run-dir: cannot create {run_dir}: {err.strerror}") from None
+    if cfg.ranks > 1:
+        return cluster.run_rank(args, cfg, public, run_dir)
     # Ctrl-C and SIGTERM only ask the loop to stop, so run.json is always rewritten whole.
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -53,7 +53,7 @@ def train_many(configs: list[TrainConfig]) -> list[list[StepRecord]]:
         cfg.validate()
         if dataclasses.replace(cfg, seed=0, incident="none") != base:
             raise ValueError("train_many: the configs may differ only in seed and incident")
-    if base.precision == "fp16":
+    if base.precision == "fp16" or base.ranks > 1:  # the loss scaler branches per run; ranks split the batch
         return _one_by_one(configs)
     seeds = sorted({c.seed for c in configs})
     healthy = [dataclasses.replace(base, seed=s) for s in seeds]

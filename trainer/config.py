@@ -18,6 +18,9 @@ import random
 from dataclasses import dataclass
 
 INCIDENTS = ("none", "lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
+# Incidents of a cluster: one rank among several goes wrong (trainer.cluster).
+CLUSTER_INCIDENTS = ("straggler",)
+MAX_RANKS = 16  # 2 cores here: 8 ranks already share each core four ways
 
 
 # What a run may ask for: enough for any exercise, never enough to fill a disk or memory. A
@@ -101,10 +104,35 @@ class TrainConfig:
     checkpoint_every: int = 50  # K: save a checkpoint after every K steps (live runs)
     checkpoint_keep: int = 3  # M: keep the last M checkpoints
 
+    # --- the cluster: data-parallel ranks (trainer.cluster) ---
+    ranks: int = 1  # each computes the gradient of its share of the batch; they average them
+    ranks_per_node: int = 2  # ranks grouped into simulated nodes (host names node0, node1, ...)
+    # Lab seconds the gradient exchange itself takes once the last rank arrives. 10 ms: an
+    # allreduce of a large model's gradients over a fast fabric is a few percent of a step.
+    collective_seconds: float = 0.01
+    # straggler: the rank's GPU overheats and throttles its SM clock to this fraction of nominal,
+    # so the rank computes 1/0.7 slower from the onset and every rank waits for it.
+    straggler_clock: float = 0.7
+
     def validate(self) -> None:
         """Raise ConfigError naming the first field a run cannot use."""
-        if self.incident not in INCIDENTS:
-            raise ConfigError("incident", f"unknown incident {self.incident!r}; choose one of {', '.join(INCIDENTS)}")
+        if self.incident not in INCIDENTS + CLUSTER_INCIDENTS:
+            known = ", ".join(INCIDENTS + CLUSTER_INCIDENTS)
+            raise ConfigError("incident", f"unknown incident {self.incident!r}; choose one of {known}")
+        if not 1 <= self.ranks <= MAX_RANKS or self.batch_size % self.ranks:
+            raise ConfigError(
+                "ranks", f"must be in [1, {MAX_RANKS}] and divide the batch of {self.batch_size}, got {self.ranks}"
+            )
+        if self.incident in CLUSTER_INCIDENTS and self.ranks < 2:
+            raise ConfigError("incident", f"{self.incident} is a cluster incident: it needs 2 ranks or more")
+        if self.ranks > 1 and self.precision != "fp64":
+            raise ConfigError("precision", "a run over several ranks trains in fp64 only")
+        if self.ranks_per_node <= 0:
+            raise ConfigError("ranks_per_node", f"must be positive, got {self.ranks_per_node}")
+        if self.collective_seconds < 0:
+            raise ConfigError("collective_seconds", f"must not be negative, got {self.collective_seconds}")
+        if not 0 < self.straggler_clock <= 1:
+            raise ConfigError("straggler_clock", f"must be in (0, 1], got {self.straggler_clock}")
         if not 0 < self.lr <= MAX_LR:  # NaN and inf fail too
             raise ConfigError("lr", f"the learning rate must be in (0, {MAX_LR:g}], got {self.lr}")
         if not 0 < self.steps <= MAX_STEPS:

@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from runwatch.files import write_atomic
-from trainer import model
+from trainer import model, parallel
 from trainer.config import TrainConfig
 from trainer.record import StepRecord
 from trainer.sealed import is_sealed, seal_text, unseal_text
 
 # Independent random streams; their numbers are part of the data's definition.
-_BATCH, _HELDOUT, _JITTER, _SHUFFLE = 0, 1, 2, 3
+_BATCH, _HELDOUT, _JITTER, _SHUFFLE, _CLUSTER = 0, 1, 2, 3, 4
 
 
 def _rng(cfg: TrainConfig, stream: int, step: int = 0) -> np.random.Generator:
@@ -39,7 +39,7 @@ def _rng(cfg: TrainConfig, stream: int, step: int = 0) -> np.random.Generator:
 
 # How long each incident lasts: the config field that says, or the whole run from the onset.
 _LENGTH = {"lr_spike": "lr_spike_steps", "corrupt_shard": "corrupt_steps", "repeated_batch": "repeat_steps",
-           "slow_node": "steps"}  # fmt: skip
+           "slow_node": "steps", "straggler": "steps"}  # fmt: skip
 
 
 def incident_active(cfg: TrainConfig, step: int) -> bool:
@@ -54,15 +54,34 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
     return cfg.lr
 
 
-def step_durations(cfg: TrainConfig) -> np.ndarray:
-    """Device seconds for every step: nominal, times lognormal jitter, slower on a slow node.
+def straggler_rank(cfg: TrainConfig) -> int:
+    """The rank a cluster incident strikes, drawn from the seed."""
+    return int(_rng(cfg, _CLUSTER).integers(cfg.ranks))
 
-    Drawn in one go from the run's jitter stream, so the jitter does not depend on the incident.
+
+def compute_seconds(cfg: TrainConfig) -> np.ndarray:
+    """Device seconds each rank computes at each step, (ranks, steps): nominal, times lognormal
+    jitter, slower on a slow node (every rank) or for a straggler (its rank only).
+
+    Rank r draws in one go from jitter stream r, so the jitter does not depend on the incident;
+    rank 0's is the one-process run's.
     """
-    seconds = cfg.step_seconds * _rng(cfg, _JITTER).lognormal(0.0, cfg.jitter_sigma, size=cfg.steps)
+    streams = [_rng(cfg, _JITTER, r).lognormal(0.0, cfg.jitter_sigma, size=cfg.steps) for r in range(cfg.ranks)]
+    seconds = cfg.step_seconds * np.stack(streams)
     if cfg.incident == "slow_node":
-        seconds[cfg.onset :] /= cfg.slow_factor
+        seconds[:, cfg.onset :] /= cfg.slow_factor
+    if cfg.incident == "straggler":
+        seconds[straggler_rank(cfg), cfg.onset :] /= cfg.straggler_clock
     return seconds
+
+
+def step_durations(cfg: TrainConfig) -> np.ndarray:
+    """Device seconds for every step of the job: one rank's compute; over several ranks, the
+    slowest rank's, then the gradient exchange (trainer.cluster)."""
+    seconds = compute_seconds(cfg)
+    if cfg.ranks == 1:
+        return seconds[0]
+    return seconds.max(axis=0) + cfg.collective_seconds
 
 
 def batch_source(cfg: TrainConfig, step: int) -> int:
@@ -155,7 +174,14 @@ class Trainer:
     def _forward_backward(self, x: np.ndarray, y: np.ndarray, scale: float):
         if self.cfg.precision == "fp16":
             return model.forward_backward_fp16(self.w, self.b, x, y, scale)
-        return model.forward_backward(self.w, self.b, x, y)
+        if self.cfg.ranks == 1:
+            return model.forward_backward(self.w, self.b, x, y)
+        return parallel.combine(self.exchange(x, y))
+
+    def exchange(self, x: np.ndarray, y: np.ndarray) -> list[parallel.Part]:
+        """Every rank's part of this step's gradient, in rank order. Here all ranks are simulated
+        in this process; a live rank (trainer.rank) computes its own and gathers the others."""
+        return [parallel.share_gradient(self.w, self.b, x, y, self.cfg, r) for r in range(self.cfg.ranks)]
 
     def step(self) -> StepRecord:
         cfg, s = self.cfg, self.next_step

@@ -1,0 +1,96 @@
+"""One rank's metrics, on its own port: its step, compute and collective-wait times, the flight
+recorder's sequence number, and its GPU under DCGM exporter's names.
+
+Each rank of a cluster run (trainer.rank) serves one of these registries; Prometheus scrapes each
+rank as its own target. Rank series carry `run_id`, `rank` and `node`; the GPU's carry what DCGM
+exporter puts on them: `gpu` (the index on its host), `UUID` and `Hostname`.
+
+Not the job's training metrics (loss, gradient norm, tokens/s): rank 0 serves those, as
+`exporter.metrics.TrainerMetrics`, where a one-process run serves them. Like it, this takes
+plain values: the rank computes them (trainer.rank, trainer.gpu).
+
+    >>> m = RankMetrics(run_id="none-0", rank=1, node="node0", gpu="1", uuid="GPU-...")
+    >>> m.observe(step=7, compute=1.01, wait=0.02, step_seconds=1.04, seq=8)
+    >>> m.observe_gpu(temp_c=62.3, sm_clock_mhz=1980.0, power_w=561.2, fb_used_mib=61440.0, xid=0)
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+RANK_STEP = "runwatch_rank_step"
+RANK_STEP_SECONDS = "runwatch_rank_last_step_seconds"
+RANK_COMPUTE_SECONDS = "runwatch_rank_last_compute_seconds"
+RANK_WAIT_SECONDS = "runwatch_rank_last_collective_wait_seconds"
+RANK_LAST_STEP_TIME = "runwatch_rank_last_step_timestamp_seconds"
+RANK_COLLECTIVE_SEQ = "runwatch_rank_collective_seq"
+# cumulative, for rate(): the share of a rank's time spent computing and waiting
+RANK_COMPUTE_TOTAL = "runwatch_rank_compute_seconds"  # a counter: exposed as ..._total
+RANK_WAIT_TOTAL = "runwatch_rank_collective_wait_seconds"  # a counter: exposed as ..._total
+# NVIDIA dcgm-exporter's names (etc/default-counters.csv), all gauges
+GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
+GPU_SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
+GPU_POWER = "DCGM_FI_DEV_POWER_USAGE"
+GPU_FB_USED = "DCGM_FI_DEV_FB_USED"
+GPU_XID = "DCGM_FI_DEV_XID_ERRORS"
+
+HELP = {
+    RANK_STEP: "The last training step this rank finished.",
+    RANK_STEP_SECONDS: "Wall-clock seconds of this rank's last step, to the end of its gradient exchange.",
+    RANK_COMPUTE_SECONDS: "Seconds this rank computed in its last step before it reached the gradient exchange.",
+    RANK_WAIT_SECONDS: "Seconds this rank spent in its last gradient exchange, waiting for the slowest rank.",
+    RANK_LAST_STEP_TIME: "Unix time at which this rank finished its last step.",
+    RANK_COLLECTIVE_SEQ: "Collectives this rank has completed (the NCCL flight recorder's collective_seq_id).",
+    GPU_TEMP: "GPU temperature (in C).",
+    GPU_SM_CLOCK: "SM clock frequency (in MHz).",
+    GPU_POWER: "Power draw (in W).",
+    GPU_FB_USED: "Framebuffer memory used (in MiB).",
+    GPU_XID: "Value of the last XID error encountered.",
+}
+
+
+TOTAL_HELP = {
+    RANK_COMPUTE_TOTAL: "Seconds this rank has computed, over every step, before reaching the gradient exchange.",
+    RANK_WAIT_TOTAL: "Seconds this rank has spent in gradient exchanges, over every step.",
+}
+
+
+class RankMetrics:
+    """A rank's registry; `observe` and `observe_gpu` after each step."""
+
+    def __init__(self, run_id: str, rank: int, node: str, gpu: str, uuid: str,
+                 registry: CollectorRegistry | None = None):  # fmt: skip
+        self.registry = registry or CollectorRegistry()
+        labels = {"run_id": run_id, "rank": str(rank), "node": node}
+        device = {"gpu": gpu, "UUID": uuid, "Hostname": node}
+
+        def gauge(name: str, values: dict[str, str]) -> Gauge:
+            return Gauge(name, HELP[name], list(values), registry=self.registry).labels(**values)
+
+        names = (RANK_STEP, RANK_STEP_SECONDS, RANK_COMPUTE_SECONDS, RANK_WAIT_SECONDS, RANK_LAST_STEP_TIME,
+                 RANK_COLLECTIVE_SEQ)  # fmt: skip
+        self.rank_gauges = {n: gauge(n, labels) for n in names}
+        self.gpu_gauges = {n: gauge(n, device) for n in (GPU_TEMP, GPU_SM_CLOCK, GPU_POWER, GPU_FB_USED, GPU_XID)}
+        self.totals = {
+            n: Counter(n, TOTAL_HELP[n], list(labels), registry=self.registry).labels(**labels)
+            for n in (RANK_COMPUTE_TOTAL, RANK_WAIT_TOTAL)
+        }
+
+    def observe(self, step: int, compute: float, wait: float, step_seconds: float, seq: int) -> None:
+        g = self.rank_gauges
+        g[RANK_COMPUTE_SECONDS].set(compute)
+        g[RANK_WAIT_SECONDS].set(wait)
+        self.totals[RANK_COMPUTE_TOTAL].inc(compute)
+        self.totals[RANK_WAIT_TOTAL].inc(wait)
+        g[RANK_STEP_SECONDS].set(step_seconds)
+        g[RANK_COLLECTIVE_SEQ].set(seq)
+        g[RANK_STEP].set(step)
+        g[RANK_LAST_STEP_TIME].set(time.time())
+
+    def observe_gpu(self, temp_c: float, sm_clock_mhz: float, power_w: float, fb_used_mib: float, xid: int) -> None:
+        readings = {GPU_TEMP: temp_c, GPU_SM_CLOCK: sm_clock_mhz, GPU_POWER: power_w, GPU_FB_USED: fb_used_mib,
+                    GPU_XID: xid}  # fmt: skip
+        for name, value in readings.items():
+            self.gpu_gauges[name].set(value)

@@ -1,0 +1,183 @@
+"""Data-parallel training over N ranks: the arithmetic, the clock of each rank, its GPU, and a
+live run over a real MPI (MPICH's mpiexec, mpi4py) that matches the offline simulation bit for bit."""
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import runwatch
+from trainer import model, parallel
+from trainer.config import INCIDENTS, ConfigError, TrainConfig
+from trainer.gpu import NOMINAL_SM_MHZ, gpu_state, gpu_uuid
+from trainer.run import Trainer, compute_seconds, step_durations, straggler_rank
+
+
+def test_the_ranks_shares_average_to_the_whole_batchs_gradient():
+    cfg = TrainConfig(ranks=4)
+    rng = np.random.default_rng(1)
+    w, b = rng.normal(size=(20, 10)), rng.normal(size=10)
+    x, y = model.sample(rng, model.class_means(cfg), 64, 4.0)
+    loss, g_w, g_b, logits = parallel.combine([parallel.share_gradient(w, b, x, y, cfg, r) for r in range(4)])
+    whole = model.forward_backward(w, b, x, y)
+    assert abs(loss - whole[0]) < 1e-12 and np.allclose(g_w, whole[1], atol=1e-12, rtol=0)
+    assert np.allclose(g_b, whole[2], atol=1e-12, rtol=0) and np.array_equal(logits, whole[3])
+    assert [parallel.share(cfg, r) for r in (0, 3)] == [slice(0, 16), slice(48, 64)]
+
+
+def test_a_part_crosses_the_wire_unchanged():
+    cfg = TrainConfig(ranks=2)
+    rng = np.random.default_rng(2)
+    part = (0.25, rng.normal(size=(20, 10)), rng.normal(size=10), rng.normal(size=(32, 10)))
+    vector = parallel.pack(part)
+    assert vector.size == parallel.packed_size(cfg)
+    back = parallel.unpack(vector, cfg)
+    assert back[0] == part[0] and all(np.array_equal(a, b) for a, b in zip(back[1:], part[1:], strict=True))
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_the_plates_runs_keep_their_shape_at_any_number_of_ranks(ranks):
+    """Averaging in another order moves the series by rounding only: within 1e-9 of one process
+    over the whole run, for each of the plate's incidents."""
+    for incident in INCIDENTS:
+        one = Trainer(TrainConfig(seed=7, incident=incident)).run()
+        many = Trainer(TrainConfig(seed=7, incident=incident, ranks=ranks)).run()
+        for field in ("loss", "heldout_loss", "gradient_norm"):
+            a, b = (np.array([getattr(r, field) for r in run]) for run in (one, many))
+            assert np.abs(a - b).max() < 1e-9, (incident, field)
+
+
+def test_a_straggler_slows_its_rank_and_through_it_the_job():
+    cfg = TrainConfig(ranks=4, incident="straggler", seed=3)
+    slow = straggler_rank(cfg)
+    seconds, healthy = compute_seconds(cfg), compute_seconds(TrainConfig(ranks=4, seed=3))
+    assert np.array_equal(seconds[:, :300], healthy[:, :300])
+    assert np.allclose(seconds[slow, 300:], healthy[slow, 300:] / 0.7)
+    others = [r for r in range(4) if r != slow]
+    assert np.array_equal(seconds[others, 300:], healthy[others, 300:])
+    assert np.array_equal(step_durations(cfg), seconds.max(axis=0) + cfg.collective_seconds)
+    assert np.median(step_durations(cfg)[300:]) > 1.35  # the whole job waits for the straggler
+
+
+def test_on_a_slow_node_every_rank_slows_and_none_stands_out():
+    seconds = compute_seconds(TrainConfig(ranks=4, incident="slow_node", seed=3))
+    healthy = compute_seconds(TrainConfig(ranks=4, seed=3))
+    assert np.allclose(seconds[:, 300:], healthy[:, 300:] / 0.7)
+
+
+def test_one_rank_keeps_the_one_process_clock():
+    cfg = TrainConfig(seed=5, incident="slow_node")
+    assert compute_seconds(cfg).shape == (1, 600) and step_durations(cfg)[0] == compute_seconds(cfg)[0, 0]
+
+
+def test_the_straggler_s_gpu_runs_hot_and_throttled():
+    cfg = TrainConfig(ranks=4, incident="straggler", seed=3)
+    slow = straggler_rank(cfg)
+    before, after = gpu_state(cfg, slow, 299), gpu_state(cfg, slow, 300)
+    assert before.sm_clock_mhz == NOMINAL_SM_MHZ and after.sm_clock_mhz == NOMINAL_SM_MHZ * 0.7
+    assert before.temp_c < 70 < 85 < after.temp_c and after.power_w < before.power_w
+    healthy = gpu_state(cfg, (slow + 1) % 4, 400)
+    assert healthy.sm_clock_mhz == NOMINAL_SM_MHZ and healthy.temp_c < 70 and healthy.xid == 0
+    assert gpu_uuid(cfg, 0) != gpu_uuid(cfg, 1) and gpu_uuid(cfg, 2) == gpu_uuid(TrainConfig(ranks=4), 2)
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [({"ranks": 3}, "ranks"), ({"ranks": 0}, "ranks"), ({"incident": "straggler"}, "incident"),
+     ({"ranks": 2, "precision": "fp16"}, "precision"), ({"ranks": 2, "straggler_clock": 0.0}, "straggler_clock")],
+)  # fmt: skip
+def test_configs_a_cluster_cannot_run_name_their_field(changes, field):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**changes).validate()
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [(["--ranks", "3", "--offline", "--out", "x.om"], "--ranks"), (["--ranks", "99"], "--ranks"),
+     (["--incident", "straggler", "--offline", "--out", "x.om"], "--incident"),
+     (["--ranks", "2", "--incident", "random"], "--ranks")],
+)  # fmt: skip
+def test_bad_cluster_flags_are_one_line_errors(tmp_path, args, flag):
+    res = runwatch("train", *args, cwd=tmp_path)
+    assert res.returncode == 2, (args, res.stderr)
+    assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr, res.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written, no run directory
+
+
+# --- live, over MPI ---
+
+
+def live(tmp_path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "runwatch", "train", "--port", "0", "--rank-port-base", "0", "--run-id", "rk",
+            "--run-dir", str(tmp_path / "run"), *args]  # fmt: skip
+    return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_live_run_over_mpi_is_the_offline_simulation_bit_for_bit(tmp_path):
+    """Two rank processes exchanging their parts over MPICH: the weights after 50 steps, and the
+    training loss of steps 10-49 (the expected-loss fit's window), equal one process simulating them."""
+    res = live(tmp_path, "--ranks", "2", "--steps", "50", "--onset", "20", "--incident", "straggler",
+               "--step-seconds", "0.02", "--hold", "0")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "run rk: completed" in res.stdout
+    saved = np.load(tmp_path / "run" / "checkpoints" / "checkpoint-000049.npz")
+    offline = Trainer(TrainConfig(ranks=2, steps=50, onset=20, incident="straggler", step_seconds=0.02, run_id="rk"))
+    offline.run()
+    assert np.array_equal(saved["w"], offline.w) and np.array_equal(saved["b"], offline.b)
+    assert np.array_equal(saved["fit_losses"], np.array(offline.fit_losses))
+    assert (tmp_path / "run" / "run.json").exists() and (tmp_path / "run" / "rank-1.json").exists()
+
+
+def test_the_live_ranks_wait_for_the_straggler(tmp_path):
+    """Four ranks, one a straggler from step 10 of 40: each rank's own /metrics, read once the run
+    is over, shows who computed longer and who waited. Bounds follow from the config: a step of
+    0.1 s, 1/0.7 of it on the straggler, jitter 2% (6% at three sigmas)."""
+    cfg = TrainConfig(ranks=4, incident="straggler", onset=10, steps=40, step_seconds=0.1, run_id="rk")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "train", "--port", "0", "--rank-port-base", "0", "--run-id", "rk",
+         "--run-dir", str(tmp_path / "run"), "--ranks", "4", "--incident", "straggler", "--onset", "10",
+         "--steps", "40", "--step-seconds", "0.1", "--hold", "30"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        urls, seen = {}, ""
+        while "run rk: completed" not in seen:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            seen += line
+            m = re.match(r"run rk rank (\d): serving (http://[0-9.:]+/metrics)$", line)
+            if m and m[1] not in urls:  # a rank's own server is the first it names
+                urls[m[1]] = m[2]
+        metrics = {int(r): scrape(u) for r, u in urls.items()}
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    slow = straggler_rank(cfg)
+    compute = {r: m["runwatch_rank_compute_seconds_total"] for r, m in metrics.items()}
+    wait = {r: m["runwatch_rank_collective_wait_seconds_total"] for r, m in metrics.items()}
+    assert all(m["runwatch_rank_collective_seq"] == 40 and m["runwatch_rank_step"] == 39 for m in metrics.values())
+    # 30 throttled steps: the straggler computes at least 30 x 0.1/0.7 x 0.94 = 4.03 s in all
+    assert compute[slow] >= 10 * 0.1 * 0.94 + 30 * 0.1 / 0.7 * 0.94
+    for r in set(metrics) - {slow}:
+        assert compute[r] < compute[slow] - 30 * (0.1 / 0.7 * 0.94 - 0.1 * 1.06) / 2, (r, compute)
+        assert wait[r] > wait[slow], (r, wait)
+        assert metrics[r]["DCGM_FI_DEV_SM_CLOCK"] == NOMINAL_SM_MHZ
+    assert metrics[slow]["DCGM_FI_DEV_SM_CLOCK"] == NOMINAL_SM_MHZ * 0.7
+    assert metrics[slow]["DCGM_FI_DEV_GPU_TEMP"] > 85
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = requests.get(url, timeout=5).text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_offline_the_ranks_are_simulated_in_one_process(tmp_path):
+    res = runwatch("train", "--offline", "--ranks", "4", "--incident", "straggler", "--steps", "20", "--onset", "10",
+                   "--out", "run.om", cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert 'run_id="straggler-0"' in (tmp_path / "run.om").read_text()
