@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from exporter.metrics import TrainerMetrics
@@ -27,12 +28,13 @@ from exporter.server import PortInUseError, start
 from runwatch.command import UsageError
 from trainer.config import TrainConfig
 from trainer.live import RunRecord, run_live
-from trainer.rank import RankTrainer, rank_metrics
+from trainer.rank import POLL_SECONDS, RankTrainer, rank_metrics
 
 RANK_ENV = "PMI_RANK"  # set by MPICH's mpiexec in every rank it starts
 # What the launcher hands on to every rank, by attribute; the rest is fixed by the launcher.
 PASSED = ("seed", "steps", "onset", "lr", "incident", "port", "host", "fast_forward", "run_dir", "hold",
           "precision", "ranks", "rank_port_base", "step_seconds", "wait_for_prometheus")  # fmt: skip
+FAREWELL_S = 5.0
 INSTALL_HINT = "pip install mpi4py mpich (runwatch's cluster extra)"
 
 
@@ -80,6 +82,8 @@ def run_rank(args: argparse.Namespace, cfg: TrainConfig, public: TrainConfig, ru
     rank = comm.Get_rank()
     if comm.Get_size() != cfg.ranks:
         raise UsageError(f"--ranks: {cfg.ranks} asked for, but mpiexec started {comm.Get_size()}")
+    # Stopping has its own communicator: a rank may stop with an exchange of the run pending.
+    farewell = comm.Dup()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -105,7 +109,13 @@ def run_rank(args: argparse.Namespace, cfg: TrainConfig, public: TrainConfig, ru
         stop.wait(args.hold)
     for server in servers:
         server.shutdown()
-    if status != "completed":  # MPI_Finalize would wait for ranks that stopped at another step
+    if status != "completed":
+        # mpiexec kills every rank once one exits with an error: wait until all have saved their
+        # record (rank 0: run.json), for at most FAREWELL_S in case one cannot answer. Then exit
+        # without MPI_Finalize, which would wait for exchanges that stopped ranks never join.
+        bye, deadline = farewell.Ibarrier(), time.monotonic() + FAREWELL_S
+        while not bye.Test() and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
         sys.stdout.flush()
         os._exit(130)
     return 0

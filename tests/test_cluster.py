@@ -1,11 +1,14 @@
 """Data-parallel training over N ranks: the arithmetic, the clock of each rank, its GPU, and a
 live run over a real MPI (MPICH's mpiexec, mpi4py) that matches the offline simulation bit for bit."""
 
+import json
 import re
+import signal
 import subprocess
 import sys
 
 import numpy as np
+import psutil
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -181,3 +184,28 @@ def test_offline_the_ranks_are_simulated_in_one_process(tmp_path):
                    "--out", "run.om", cwd=tmp_path)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert 'run_id="straggler-0"' in (tmp_path / "run.om").read_text()
+
+
+def test_ctrl_c_stops_every_rank_and_leaves_none_behind(tmp_path):
+    """Ctrl-C to the launcher reaches mpiexec once, every rank stops mid-run (one may be waiting in
+    an exchange), run.json says interrupted, and no process of the run is left: followed through
+    the launcher's own descendants, never a machine-wide search."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "train", "--port", "0", "--rank-port-base", "0", "--run-id", "rk",
+         "--run-dir", str(tmp_path / "run"), "--ranks", "4", "--steps", "600", "--onset", "5",
+         "--incident", "straggler", "--step-seconds", "0.2"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )  # fmt: skip
+    seen = ""
+    while "step   10" not in seen:  # rank 0 logs every 10 steps: by then the straggler has slowed it
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        seen += line
+    family = psutil.Process(proc.pid).children(recursive=True)
+    assert sum(p.name().startswith("python") for p in family) == 4, [p.name() for p in family]
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
