@@ -7,10 +7,11 @@ holds it equal to the rule files. Nothing here imports the project.
 
 from __future__ import annotations
 
-# --- alerts, by what they watch (prometheus/rules/alerts.yml and meta.yml) ---
+# --- alerts, by what they watch (prometheus/rules/alerts.yml, cluster.yml and meta.yml) ---
 PLATE_ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")  # the plate's four
 LESSON20_ALERTS = ("LossScaleCollapse", "ActivationNormSpike")  # Lesson 20's early warnings
 TARGET_ALERTS = ("TrainerDown",)
+CLUSTER_ALERTS = ("StragglerRank", "GPUThermalThrottle")  # one rank of several (cluster.yml)
 META_ALERTS = ("Watchdog", "PagerDown", "AlertmanagerNotificationsFailing", "RuleEvaluationFailing")
 # The rule group of the lab's own health: a backtest runs no Alertmanager or pager, so it skips it.
 META_GROUP = "runwatch-meta"

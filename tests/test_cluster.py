@@ -13,10 +13,12 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import runwatch
+from runwatch.paths import REPO
+from runwatch.promserver import Process, free_port
+from tests.conftest import need, runwatch, wait_for
 from trainer import model, parallel
 from trainer.config import INCIDENTS, ConfigError, TrainConfig
-from trainer.gpu import NOMINAL_SM_MHZ, gpu_state, gpu_uuid
+from trainer.gpu import NOMINAL_SM_MHZ, gpu_index, gpu_state, gpu_uuid, node_of
 from trainer.run import Trainer, compute_seconds, step_durations, straggler_rank
 
 
@@ -209,3 +211,57 @@ def test_ctrl_c_stops_every_rank_and_leaves_none_behind(tmp_path):
     assert proc.returncode == 130
     assert [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_a_live_straggler_pages_naming_its_rank_and_its_gpu(tmp_path):
+    """Four live ranks, a straggler from step 10, scraped each second by a real Prometheus with
+    cluster.yml: StragglerRank fires naming the straggler's rank and node, GPUThermalThrottle its
+    GPU; no other rank is named. Its median turns 15 s after the onset, then `for: 5s`."""
+    cfg = TrainConfig(ranks=4, incident="straggler", onset=10, steps=120, run_id="rk")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "train", "--port", "0", "--rank-port-base", "0", "--run-id", "rk",
+         "--run-dir", str(tmp_path / "run"), "--ranks", "4", "--incident", "straggler", "--onset", "10",
+         "--steps", "120"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        targets: dict[int, str] = {}
+        while len(targets) < 4:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            m = re.match(r"run rk rank (\d): serving http://([0-9.:]+)/metrics$", line)
+            if m and int(m[1]) not in targets:
+                targets[int(m[1])] = m[2]
+        port = free_port()
+        (tmp_path / "prometheus.yml").write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"rule_files: [{REPO / 'prometheus' / 'rules' / 'cluster.yml'}]\n"
+            f"scrape_configs: [{{job_name: ranks, static_configs: [{{targets: {list(targets.values())}}}]}}]\n"
+        )
+        argv = [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--web.listen-address=127.0.0.1:{port}", f"--storage.tsdb.path={tmp_path / 'data'}"]  # fmt: skip
+        with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / "prometheus.log"):
+            # onset 10 s + 15 s for the median + 5 s of for: + scrapes: a minute is ample
+            firing = wait_for(lambda: names_firing(port, {"StragglerRank", "GPUThermalThrottle"}), 90, "both alerts")
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    slow = straggler_rank(cfg)
+    [straggler] = firing["StragglerRank"]
+    assert (straggler["rank"], straggler["node"], straggler["run_id"]) == (str(slow), node_of(cfg, slow), "rk")
+    [gpu] = firing["GPUThermalThrottle"]
+    assert (gpu["Hostname"], gpu["gpu"], gpu["UUID"]) == (
+        node_of(cfg, slow),
+        str(gpu_index(cfg, slow)),
+        gpu_uuid(cfg, slow),
+    )
+
+
+def names_firing(port: int, names: set[str]) -> dict[str, list[dict]] | None:
+    """The labels of every firing alert by name, once each of `names` fires."""
+    alerts = requests.get(f"http://127.0.0.1:{port}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+    out: dict[str, list[dict]] = {}
+    for a in alerts:
+        if a["state"] == "firing":
+            out.setdefault(a["labels"]["alertname"], []).append(a["labels"])
+    return out if names <= set(out) else None

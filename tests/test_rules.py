@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from oncall.pager import RUNBOOK_BASE
-from runwatch.names import LESSON20_ALERTS, META_ALERTS, META_GROUP, PLATE_ALERTS, TARGET_ALERTS
+from runwatch.names import CLUSTER_ALERTS, LESSON20_ALERTS, META_ALERTS, META_GROUP, PLATE_ALERTS, TARGET_ALERTS
 from runwatch.paths import REPO
 from tests.conftest import edit, need
 
@@ -74,14 +74,15 @@ def test_generated_incident_tests_are_up_to_date():
 def test_the_alerts_exist_with_the_names_python_knows():
     """runwatch.names is the one list of alert names Python uses; the rule files must agree."""
     names = [r["alert"] for r in rules_of("alert")]
-    assert names == [*PLATE_ALERTS, *LESSON20_ALERTS, *TARGET_ALERTS, *META_ALERTS]
+    assert names == [*PLATE_ALERTS, *LESSON20_ALERTS, *TARGET_ALERTS, *CLUSTER_ALERTS, *META_ALERTS]
     assert PLATE_ALERTS == ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")  # the plate's
     assert [g["name"] for g in yaml.safe_load((RULES / "meta.yml").read_text())["groups"]] == [META_GROUP]
 
 
 @pytest.mark.parametrize("rule", rules_of("alert"), ids=lambda r: r["alert"])
 def test_alert_hygiene(rule):
-    assert re.fullmatch(r"(?:[A-Z][a-z]+)+", rule["alert"])
+    # CamelCase; an acronym stays upper case, as in kubernetes-mixin's KubeAPIDown
+    assert re.fullmatch(r"(?:[A-Z][a-z]+|[A-Z]{2,}(?=[A-Z][a-z]|$))+", rule["alert"])
     assert rule["labels"]["severity"] in ("critical", "page", "warning", "none")
     ann = rule["annotations"]
     assert ann["summary"] and ann["description"]
