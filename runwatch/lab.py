@@ -41,14 +41,14 @@ import psutil
 import requests
 
 from runwatch.check import run_all
-from runwatch.command import DEFAULT_STATE, Command, UsageError, add_state_dir, flag, read_json
+from runwatch.command import DEFAULT_STATE, Command, UsageError, add_state_dir, flag, number, read_json
 from runwatch.files import write_atomic
-from runwatch.names import CONTROL_PORT, PORTS
+from runwatch.names import CONTROL_PORT, PORTS, RANK_PORT_BASE
 from runwatch.names import url as url_of
 from runwatch.paths import Layout, binary
 from runwatch.promserver import PromQLError, instant, port_is_free, wait_ready
 from runwatch.train import SEED, STEP  # the flags' ranges, as `runwatch train` has them
-from trainer.config import INCIDENTS, ConfigError, TrainConfig, draw_drill
+from trainer.config import CLUSTER_INCIDENTS, INCIDENTS, MAX_RANKS, ConfigError, TrainConfig, draw_drill
 from trainer.live import unique_run_id
 from trainer.sealed import seal
 
@@ -170,6 +170,8 @@ class Lab:
             argv += ["--onset", str(args.onset)]
         if args.incident == "random":  # the answer is drawn and sealed by `up`, never in argv
             argv += ["--sealed-answer", str(self.sealed_answer(run_id))]
+        if args.ranks > 1:  # rank 0 serves the job's metrics on the trainer's port, as one process does
+            argv += ["--ranks", str(args.ranks), "--rank-port-base", str(RANK_PORT_BASE)]
         return self._serving("trainer", argv, PORTS["trainer"], "/metrics")
 
     def _control(self, args: argparse.Namespace, run_id: str) -> Component:
@@ -337,12 +339,13 @@ def _port_owner_error(name: str, port: int) -> UsageError:
 
 def check_run(args: argparse.Namespace) -> None:
     """Refuse, before anything starts, a run the trainer would refuse once started."""
-    if args.incident not in (*INCIDENTS, "random"):
-        raise UsageError(
-            f"--incident: unknown incident {args.incident!r}; choose one of {', '.join(INCIDENTS)}, random"
-        )
+    if args.incident not in (*INCIDENTS, *CLUSTER_INCIDENTS, "random"):
+        known = ", ".join((*INCIDENTS, *CLUSTER_INCIDENTS))
+        raise UsageError(f"--incident: unknown incident {args.incident!r}; choose one of {known}, random")
+    if args.incident == "random" and args.ranks > 1:
+        raise UsageError("--ranks: drills train on one rank for now")
     incident = "none" if args.incident == "random" else args.incident
-    cfg = TrainConfig(incident=incident, seed=args.seed, precision=args.precision)
+    cfg = TrainConfig(incident=incident, seed=args.seed, precision=args.precision, ranks=args.ranks)
     try:
         dataclasses.replace(cfg, onset=cfg.onset if args.onset is None else args.onset).validate()
     except ConfigError as err:
@@ -382,12 +385,16 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
         port = int(comp.ready_url.rsplit(":", 1)[1].split("/")[0])
         if not port_is_free(port):
             raise _port_owner_error(comp.name, port)
+    for rank in range(args.ranks if args.ranks > 1 else 0):  # one rank serves on the trainer's port
+        if not port_is_free(RANK_PORT_BASE + rank):
+            raise _port_owner_error(f"trainer rank {rank}", RANK_PORT_BASE + rank)
     for stale in lab.records():
         (lab.pids / f"{stale}.json").unlink()
     lab.link_config()
     lab.write_target(
         "trainer", [f"127.0.0.1:{PORTS['trainer']}"] + ([f"127.0.0.1:{CONTROL_PORT}"] if args.control else [])
     )
+    lab.write_target("ranks", [f"127.0.0.1:{RANK_PORT_BASE + r}" for r in range(args.ranks)] if args.ranks > 1 else [])
     for name in ("prometheus", "alertmanager", "pager"):
         lab.write_target(name, [f"127.0.0.1:{PORTS[name]}"])
     if args.incident == "random":
@@ -533,6 +540,10 @@ def add_up(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--fast-forward", type=STEP, default=0, metavar="STEP")
     p.add_argument("--control", action="store_true", help=f"also run a healthy control trainer on :{CONTROL_PORT}")
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision (Lesson 20)")
+    p.add_argument(
+        "--ranks", type=number(int, 1, MAX_RANKS), default=1,
+        help=f"data-parallel ranks under MPI, rank r scraped on :{RANK_PORT_BASE}+r (a cluster incident needs 2+)",
+    )  # fmt: skip
     p.add_argument("--detach", action="store_true", help="return once everything is ready")
     p.add_argument("--drill-seed", type=SEED, default=None, help=argparse.SUPPRESS)
     p.add_argument(

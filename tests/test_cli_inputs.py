@@ -41,6 +41,12 @@ def one_line(res, code: int, *words: str) -> None:
      (["backtest", "--workers", "0"], "--workers"),
      (["up", "--seed", "-1", "--state-dir", "state"], "--seed"),
      (["up", "--onset", "700", "--state-dir", "state"], "--onset"),
+     (["up", "--ranks", "3", "--state-dir", "state"], "--ranks"),
+     (["up", "--ranks", "32", "--state-dir", "state"], "--ranks"),
+     (["up", "--ranks", "2", "--incident", "random", "--state-dir", "state"], "--ranks"),
+     (["up", "--incident", "straggler", "--state-dir", "state"], "--incident"),
+     (["train", "--rank-port-base", "70000"], "--rank-port-base"),
+     (["train", "--step-seconds", "0", "--offline", "--out", "x.om"], "--step-seconds"),
      (["plate", "--since", "1e300"], "--since")],
 )  # fmt: skip
 def test_every_numeric_flag_has_a_range(tmp_path, args, flag):

@@ -136,6 +136,39 @@ def restart(lab: Lab, name: str) -> None:
     lab.start(Component(name, record["argv"], record["ready_url"], record["url"]))
 
 
+def test_a_cluster_run_joins_the_lab_each_rank_a_target_of_its_own(lab):
+    """Four ranks over MPI join the running lab as `runwatch up --ranks 4` adds them: the job's
+    metrics on the trainer job, each rank on the ranks job (targets/ranks*.json), labelled with
+    its rank and node, its GPU with DCGM's labels."""
+    run_id, base = "e2e-ranks", 8110
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "train", "--ranks", "4", "--incident", "straggler", "--onset", "5",
+         "--port", "8106", "--rank-port-base", str(base), "--run-id", run_id, "--run-dir", str(lab.runs / run_id)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert all(wait_ready(f"http://127.0.0.1:{port}/-/ready", 30, proc) for port in (8106, *range(base, base + 4)))
+        lab.write_target("trainer-ranks", ["127.0.0.1:8106"])
+        lab.write_target("ranks-e2e", [f"127.0.0.1:{base + r}" for r in range(4)])
+        query = f'runwatch_rank_step{{job="ranks",run_id="{run_id}"}}'
+        ranks = wait_for(lambda: len(found := instant(PROM, query)) == 4 and found, 30, "every rank scraped")
+        assert sorted((s["metric"]["rank"], s["metric"]["node"]) for s in ranks) == [
+            ("0", "node0"),
+            ("1", "node0"),
+            ("2", "node1"),
+            ("3", "node1"),
+        ]
+        gpus = instant(PROM, 'DCGM_FI_DEV_SM_CLOCK{job="ranks"}')
+        assert {(s["metric"]["Hostname"], s["metric"]["gpu"]) for s in gpus} >= {("node0", "0"), ("node1", "1")}
+        job = f'runwatch_train_step{{job="trainer",run_id="{run_id}"}}'  # rank 0 serves the job's metrics
+        wait_for(lambda: instant(PROM, job), 30, "the job's metrics on the trainer job")
+    finally:
+        lab.remove_target("ranks-e2e")
+        lab.remove_target("trainer-ranks")
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_alertmanager_restart_during_an_incident_still_pages_once(lab):
     extra = ExtraTrainer(lab, "amrestart", 8103, "--incident", "corrupt_shard", "--fast-forward", "275")
     try:
