@@ -43,12 +43,13 @@ from runwatch.command import Command, UsageError, check_writable, number
 from runwatch.datacache import DataCache, default_root, key_of
 from runwatch.files import write_atomic
 from runwatch.inline import Inliner, references
-from runwatch.names import META_GROUP
+from runwatch.names import CLUSTER_ALERTS, META_GROUP
 from runwatch.paths import Layout, binary, run_tool
 from runwatch.promserver import Process, free_port, query_range
 from trainer.batch import train_many
-from trainer.config import MAX_SEED, TrainConfig
+from trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
 from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, write_openmetrics
+from trainer.run import straggler_rank
 
 # A load or backfill that runs past this is hung, not slow: 500 runs load in about 8 s here.
 BACKFILL_TIMEOUT_S = 900
@@ -75,6 +76,9 @@ CACHE_MAX_MB = 512  # about 34 backtests of 100 seeds (15 MB each)
 
 
 # --- input ---
+
+ALL_INCIDENTS = plate.INCIDENTS + plate.CLUSTER_INCIDENTS
+RANK_ALERTS = ("StragglerRank",)  # alerts whose series name a rank
 
 
 # 1,000 seeds (5,000 runs) is ten times README's 100-seed backtest: more than any exercise needs.
@@ -166,10 +170,14 @@ def families_read(rules: Rules) -> set[str]:
     return {f for f in FAMILIES if f in names} | {STEP, "up"}
 
 
-def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, str, str, set[str], str]) -> tuple[list[dict], int]:
+def _simulate_chunk(
+    args: tuple[list[int], tuple[str, ...], str, str, str, set[str], str, int],
+) -> tuple[list[dict], int]:
     """Worker: train a chunk of seeds, write one OpenMetrics file, backfill it into data_dir."""
-    seeds, incidents, om_path, data_dir, promtool, families, precision = args
-    configs = [TrainConfig(incident=i, seed=seed, precision=precision) for seed in seeds for i in incidents]
+    seeds, incidents, om_path, data_dir, promtool, families, precision, ranks = args
+    configs = [
+        TrainConfig(incident=i, seed=seed, precision=precision, ranks=ranks) for seed in seeds for i in incidents
+    ]
     # Hundreds of thousands of records and lines, and no reference cycles among them: the
     # cyclic collector would only walk them again and again (5-10% of a chunk's time).
     gc.disable()
@@ -206,11 +214,12 @@ def firing_query(condition: str, rule: dict) -> str:
 
 
 def run_of(metric: dict, run_ids: set[str]) -> str | None:
-    """Which run a firing series belongs to: its run_id, else its offline instance."""
+    """Which run a firing series belongs to: its run_id, else its offline instance
+    (offline/RUN, or offline/RUN/rankR for a rank and its GPU)."""
     if metric.get("run_id") in run_ids:
         return metric["run_id"]
-    inst = metric.get("instance", "")
-    return inst.removeprefix("offline/") if inst.removeprefix("offline/") in run_ids else None
+    run = metric.get("instance", "").removeprefix("offline/").split("/")[0]
+    return run if run in run_ids else None
 
 
 @dataclass
@@ -221,6 +230,7 @@ class Result:
     seconds: dict[str, float]
     samples: int
     cached: bool = False  # the runs' data came from the cache
+    ranks: int = 1  # every run data-parallel over this many ranks
 
 
 class Progress:
@@ -287,23 +297,25 @@ def plan(rules: Rules, since: float, inline: bool = True) -> Plan:
 
 def _load(
     seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, rules: Rules, promtool: str, workers: int,
-    precision: str, progress: Progress, cache: DataCache | None,
+    precision: str, progress: Progress, cache: DataCache | None, ranks: int = 1,
 ) -> tuple[list[dict], int, bool]:  # fmt: skip
     """Steps 1-2, or their cached result: (the runs' metadata, samples loaded, from the cache)."""
     families = families_read(rules)
     if cache is not None:
-        key = cache_key(seeds, incidents, precision, families, promtool)
+        key = cache_key(seeds, incidents, precision, families, promtool, ranks)
         found = cache.get(key, tmpdir / "data")
         if found is not None:
             progress(f"loaded {len(found['runs'])} runs from the cache ({cache.root / key})")
             return found["runs"], found["samples"], True
-    meta, samples = _train_and_load(seeds, incidents, tmpdir, families, promtool, workers, precision, progress)
+    meta, samples = _train_and_load(seeds, incidents, tmpdir, families, promtool, workers, precision, progress, ranks)
     if cache is not None:
         cache.put(key, tmpdir / "data", {"runs": meta, "samples": samples})
     return meta, samples, False
 
 
-def cache_key(seeds: list[int], incidents: tuple[str, ...], precision: str, families: set[str], promtool: str) -> str:
+def cache_key(
+    seeds: list[int], incidents: tuple[str, ...], precision: str, families: set[str], promtool: str, ranks: int = 1
+) -> str:
     """Everything the loaded data follows from: the trainer's code and config (its defaults are
     code), numpy, promtool, the runs asked for, the families loaded and the stamps' shift."""
     import numpy
@@ -313,7 +325,7 @@ def cache_key(seeds: list[int], incidents: tuple[str, ...], precision: str, fami
         "format": CACHE_FORMAT, "seeds": seeds, "incidents": list(incidents), "precision": precision,
         "families": sorted(families), "numpy": numpy.__version__,
         "promtool": [promtool, tool.st_size, tool.st_mtime_ns],
-        "shift_ms": GRID_PHASE_MS, "start": DEFAULT_START,
+        "shift_ms": GRID_PHASE_MS, "start": DEFAULT_START, **({"ranks": ranks} if ranks > 1 else {}),
     }  # fmt: skip
     here = Path(__file__).resolve().parents[1]
     sources = [*(here / "trainer").glob("*.py"), here / "exporter" / "metrics.py"]
@@ -322,13 +334,13 @@ def cache_key(seeds: list[int], incidents: tuple[str, ...], precision: str, fami
 
 def _train_and_load(
     seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, families: set[str], promtool: str, workers: int,
-    precision: str, progress: Progress,
+    precision: str, progress: Progress, ranks: int = 1,
 ) -> tuple[list[dict], int]:  # fmt: skip
     """Steps 1-2: every seed x incident trained and backfilled into tmpdir/data, in parallel chunks."""
     n_chunks = max(1, min(len(seeds), 2 * workers))
     chunks = [seeds[i::n_chunks] for i in range(n_chunks)]
     jobs = [
-        (c, incidents, str(tmpdir / f"chunk{i}.om"), str(tmpdir / "data"), promtool, families, precision)
+        (c, incidents, str(tmpdir / f"chunk{i}.om"), str(tmpdir / "data"), promtool, families, precision, ranks)
         for i, c in enumerate(chunks)
     ]
     meta, samples = [], 0
@@ -375,12 +387,14 @@ def _backfill(prom: Throwaway, passes: list[list[dict]], promtool: str, progress
 
 def _read_alerts(
     prom: Throwaway, rules: Rules, conditions: list[str], run_ids: set[str], progress: Progress
-) -> tuple[dict[str, dict[str, float]], dict[str, int], dict[str, dict[float, int]]]:
+) -> tuple[dict[str, dict[str, float]], dict[str, int], dict[str, dict[float, int]], dict[str, dict[str, set[str]]]]:
     """Steps 4-5: each alert on the grid, and each run's step at the evaluations where one first fired.
 
-    Returns (run -> alert -> first firing time, alert -> firing series of no run, run -> time -> step).
+    Returns (run -> alert -> first firing time, alert -> firing series of no run, run -> time -> step,
+    run -> alert -> the `rank` labels of its series that fired first).
     """
     first: dict[str, dict[str, float]] = {run: {} for run in run_ids}
+    named: dict[str, dict[str, set[str]]] = {run: {} for run in run_ids}  # the ranks firing first
     unattributed: dict[str, int] = {}
 
     def firing(i: int) -> list[dict]:
@@ -398,14 +412,16 @@ def _read_alerts(
                 if run is None:
                     unattributed[rule["alert"]] = unattributed.get(rule["alert"], 0) + 1
                     continue
-                t = float(series["values"][0][0])
-                prev = first[run].get(rule["alert"])
-                first[run][rule["alert"]] = t if prev is None else min(prev, t)
+                t, alert = float(series["values"][0][0]), rule["alert"]
+                if alert not in first[run] or t < first[run][alert]:
+                    first[run][alert], named[run][alert] = t, set()
+                if t == first[run][alert] and "rank" in series["metric"]:
+                    named[run][alert].add(series["metric"]["rank"])
         # every run's step on the grid points from the first first-firing to the last one
         fired = [t for alerts in first.values() for t in alerts.values()]
         steps = query_range(prom.base, STEP, min(fired), max(fired)) if fired else []
         step_at = {s["metric"].get("run_id"): {float(t): int(float(v)) for t, v in s["values"]} for s in steps}
-    return first, unattributed, step_at
+    return first, unattributed, step_at, named
 
 
 def backtest(
@@ -417,9 +433,11 @@ def backtest(
     precision: str = "fp64",
     cache: DataCache | None = None,
     inline: bool = True,
+    ranks: int = 1,
 ) -> Result:
-    """The backtest; `cache` keeps the loaded runs between calls (None: train afresh), and
-    `inline=False` backfills every recording rule first, as the backtest used to."""
+    """The backtest; `cache` keeps the loaded runs between calls (None: train afresh),
+    `inline=False` backfills every recording rule first, as the backtest used to, and `ranks`
+    trains every run data-parallel over that many ranks, with their series."""
     progress = progress or Progress()
     promtool, prometheus = binary("promtool"), binary("prometheus")
     rules = load_rules(rules_dir, promtool)
@@ -427,7 +445,9 @@ def backtest(
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="runwatch-backtest-") as tmp:
         t0 = time.perf_counter()
-        meta, samples, cached = _load(seeds, incidents, Path(tmp), rules, promtool, workers, precision, progress, cache)
+        meta, samples, cached = _load(
+            seeds, incidents, Path(tmp), rules, promtool, workers, precision, progress, cache, ranks
+        )
         timings["train_and_load"] = time.perf_counter() - t0
         prom = _throwaway(prometheus, Path(tmp), meta)
         how = plan(rules, prom.start, inline)
@@ -436,15 +456,20 @@ def backtest(
         timings["backfill_rules"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         alerts = list(dict.fromkeys(r["alert"] for r in rules.alerting))
-        first, unattributed, step_at = _read_alerts(prom, rules, how.conditions, {m["run_id"] for m in meta}, progress)
+        first, unattributed, step_at, named = _read_alerts(
+            prom, rules, how.conditions, {m["run_id"] for m in meta}, progress
+        )
         timings["alerts"] = time.perf_counter() - t0
 
     runs = []
-    for m in sorted(meta, key=lambda m: (plate.INCIDENTS.index(m["incident"]), m["seed"])):
+    for m in sorted(meta, key=lambda m: (ALL_INCIDENTS.index(m["incident"]), m["seed"])):
         fires = first[m["run_id"]]
         steps = {a: (step_at[m["run_id"]][fires[a]] if a in fires else None) for a in alerts}
-        runs.append({**{k: m[k] for k in ("incident", "seed", "run_id")}, "first_fire": steps})
-    return Result(runs, unattributed, alerts, timings, samples, cached)
+        run = {**{k: m[k] for k in ("incident", "seed", "run_id")}, "first_fire": steps}
+        if ranks > 1:  # which ranks each alert named when it first fired
+            run["named_ranks"] = {a: sorted(r, key=int) for a, r in named[m["run_id"]].items() if r}
+        runs.append(run)
+    return Result(runs, unattributed, alerts, timings, samples, cached, ranks)
 
 
 # --- reporting ---
@@ -459,7 +484,7 @@ def summarise(result: Result) -> dict:
         "missed": [],  # never fired where the plate says it does
         "unattributed_firings": result.unattributed,
     }
-    for incident in plate.INCIDENTS:
+    for incident in ALL_INCIDENTS:
         runs = [r for r in result.runs if r["incident"] == incident]
         if not runs:
             continue
@@ -473,16 +498,18 @@ def summarise(result: Result) -> dict:
                 "median": statistics.median(steps) if steps else None,
                 "min": min(steps) if steps else None,
                 "max": max(steps) if steps else None,
-                "plate": plate.PLATE_READOUTS[incident].get(alert),
+                "plate": plate.PLATE_READOUTS.get(incident, {}).get(alert),
                 "expect": expect.describe() if expect else None,
                 "met": sum(expect.met(r["first_fire"][alert]) for r in runs) if expect else None,
             }
         matched = sum(
-            all(e.met(r["first_fire"].get(a)) for a, e in plate.SIGNATURES[incident].items() if a in result.alerts)
+            all(e.met(r["first_fire"].get(a)) for a, e in plate.signature(incident).items() if a in result.alerts)
             and all(r["first_fire"][a] is None for a in result.alerts if incident == "none")
             for r in runs
         )
         summary["incidents"][incident] = {"runs": len(runs), "signature_matched": matched, "alerts": cells}
+        if incident in plate.CLUSTER_INCIDENTS:
+            summary["incidents"][incident]["named_right_rank"] = named_right_rank(result, runs)
         for r in runs:
             for alert, step in r["first_fire"].items():
                 expect = plate.expectation(incident, alert)
@@ -507,12 +534,24 @@ def summarise(result: Result) -> dict:
 LOSS_ALERT = "TrainingLossJump"
 
 
+def named_right_rank(result: Result, runs: list[dict]) -> dict[str, int]:
+    """Per alert that names a rank: in how many of a cluster incident's runs it first fired
+    naming the rank the incident struck, and only that rank."""
+    out = {}
+    for alert in RANK_ALERTS:
+        if alert in result.alerts:
+            struck = [str(straggler_rank(TrainConfig(seed=r["seed"], incident=r["incident"], ranks=result.ranks)))
+                      for r in runs]  # fmt: skip
+            out[alert] = sum(r.get("named_ranks", {}).get(alert) == [s] for r, s in zip(runs, struck, strict=True))
+    return out
+
+
 def leads(result: Result) -> dict:
     """For alerts the plate does not name: in each incident, how many steps before
     TrainingLossJump they first fired (negative: after), over runs where both fired."""
     out: dict = {}
-    others = [a for a in result.alerts if a not in plate.ALERTS and a != "TrainerDown"]
-    for incident in plate.INCIDENTS:
+    others = [a for a in result.alerts if a not in (*plate.ALERTS, *CLUSTER_ALERTS, "TrainerDown")]
+    for incident in ALL_INCIDENTS:
         runs = [r for r in result.runs if r["incident"] == incident]
         for alert in others:
             both = [r for r in runs if r["first_fire"][alert] is not None and r["first_fire"][LOSS_ALERT] is not None]
@@ -573,6 +612,9 @@ def report(summary: dict, alerts: list[str]) -> str:
                 lines.append(
                     f"  {incident:15s} {alert:20s} median {c['median_lead']}{spread}, fired in {c['fired']}/{c['runs']}"
                 )
+    for incident, inc in summary["incidents"].items():
+        for alert, n in inc.get("named_right_rank", {}).items():
+            lines.append(f"{incident}: {alert} named the struck rank, and only it, in {n}/{inc['runs']} runs")
     for alert, n in summary["unattributed_firings"].items():
         lines.append(f"  {alert}: {n} firing series carry no run_id or instance (rule aggregates them away)")
     return "\n".join(lines)
@@ -586,7 +628,11 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--rules", type=Path, default=None, help="rules directory (default prometheus/rules)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument(
-        "--incidents", default=",".join(plate.INCIDENTS), help="comma-separated incidents (default: all five)"
+        "--incidents", default=None,
+        help="comma-separated incidents (default: the plate's five, and the cluster's with --ranks)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ranks", type=number(int, 1, MAX_RANKS), default=1, help="train every run data-parallel over N ranks"
     )
     p.add_argument(
         "--workers", type=number(int, 1, 64), default=None, help="training processes (default: one per core)"
@@ -604,10 +650,18 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
 
 def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
-    incidents = tuple(i.strip() for i in args.incidents.split(",") if i.strip())
-    unknown = [i for i in incidents if i not in plate.INCIDENTS]
+    default = plate.INCIDENTS + (plate.CLUSTER_INCIDENTS if args.ranks > 1 else ())
+    incidents = tuple(i.strip() for i in (args.incidents or ",".join(default)).split(",") if i.strip())
+    unknown = [i for i in incidents if i not in ALL_INCIDENTS]
     if unknown:
-        raise UsageError(f"--incidents: unknown incident {unknown[0]!r}; choose from {', '.join(plate.INCIDENTS)}")
+        raise UsageError(f"--incidents: unknown incident {unknown[0]!r}; choose from {', '.join(ALL_INCIDENTS)}")
+    cluster = [i for i in incidents if i in plate.CLUSTER_INCIDENTS]
+    if cluster and args.ranks == 1:
+        raise UsageError(f"--incidents: {cluster[0]} is a cluster incident: it needs --ranks 2 or more")
+    try:
+        TrainConfig(ranks=args.ranks, precision=args.precision).validate()
+    except ConfigError as err:
+        raise UsageError(f"--{err.field}: {err.problem}") from None
     rules_dir = args.rules or Layout().rules_dir
     if not rules_dir.is_dir():
         raise UsageError(f"--rules: {rules_dir} is not a directory")
@@ -617,12 +671,15 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     t0 = time.perf_counter()
     cache = None if args.no_cache else DataCache(default_root(), args.cache_max_mb << 20)
-    result = backtest(seeds, rules_dir, incidents, args.workers, precision=args.precision, cache=cache)
+    result = backtest(
+        seeds, rules_dir, incidents, args.workers, precision=args.precision, cache=cache, ranks=args.ranks
+    )
     wall = time.perf_counter() - t0
     summary = summarise(result)
     summary["seconds"]["total"] = round(wall, 1)
     print(report(summary, result.alerts))
-    print(f"\n{len(result.runs)} {args.precision} runs ({len(seeds)} seeds x {len(incidents)} incidents), "
+    over = f" over {args.ranks} ranks" if args.ranks > 1 else ""
+    print(f"\n{len(result.runs)} {args.precision} runs{over} ({len(seeds)} seeds x {len(incidents)} incidents), "
           f"{result.samples:,} samples{' (from the cache)' if result.cached else ''}, in {wall:.1f}s")  # fmt: skip
     if args.json is not None:
         doc = {"runs": result.runs, "summary": summary}

@@ -315,3 +315,36 @@ def test_promtool_backfills_on_the_whole_seconds_subqueries_evaluate_on(tmp_path
         stamps = query_range(prom.base, "timestamp(backtest:step:count)", prom.start, prom.end, 7.0)
     assert float(found[0]["value"][1]) == prom.start + 100
     assert {float(v) % 1 for s in stamps for _, v in s["values"]} == {0.0}
+
+
+def test_a_backtest_over_four_ranks_names_the_straggler(tmp_path):
+    """The cluster's readouts: over 4 ranks a straggler pages StragglerRank naming its rank and
+    GPUThermalThrottle its GPU within 21 steps (30 lab seconds) of the onset; a slow node and a
+    healthy run page no cluster alert; the plate's incidents keep their signature."""
+    res = backtest("--seeds", "0-1", "--ranks", "4", "--incidents", "none,slow_node,straggler", "--json", "c.json",
+                   cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "c.json").read_text())
+    incidents = doc["summary"]["incidents"]
+    assert {i: v["signature_matched"] for i, v in incidents.items()} == {"none": 2, "slow_node": 2, "straggler": 2}
+    assert incidents["straggler"]["named_right_rank"] == {"StragglerRank": 2}
+    assert all(300 <= s <= 321 for s in first_fires(doc, "straggler", "StragglerRank"))
+    for incident in ("none", "slow_node"):
+        assert (
+            first_fires(doc, incident, "StragglerRank")
+            == first_fires(doc, incident, "GPUThermalThrottle")
+            == [None, None]
+        )
+    assert doc["summary"]["false_alarms"] == [] and doc["summary"]["unattributed_firings"] == {}
+    assert "over 4 ranks" in res.stdout and "named the struck rank, and only it, in 2/2 runs" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [(["--incidents", "straggler"], "--incidents"), (["--ranks", "3"], "--ranks"), (["--ranks", "2", "--precision",
+     "fp16"], "--precision")],
+)  # fmt: skip
+def test_bad_cluster_flags(tmp_path, args, flag):
+    res = backtest("--seeds", "0", *args, cwd=tmp_path)
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr, res.stderr

@@ -65,3 +65,24 @@ def test_promtool_backfills_the_file(tmp_path):
     rows = [ln.split() for ln in listing.splitlines()[1:] if ln.strip()]
     assert sum(int(r[4]) for r in rows) == written  # every sample written landed in the TSDB
     assert written > 2 * 13 * 600
+
+
+def test_a_cluster_run_writes_each_rank_and_its_gpu(tmp_path):
+    """Over 4 ranks the file also holds what each rank's exporter serves: a straggler computes
+    1/0.7 longer from the onset and waits least; the others wait for it."""
+    text = render(TrainConfig(incident="straggler", ranks=4, seed=3, steps=40, onset=10))
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    compute = {}
+    for s in fams["runwatch_rank_last_compute_seconds"].samples:
+        compute.setdefault(s.labels["rank"], []).append(s.value)
+    assert sorted(compute) == ["0", "1", "2", "3"] and all(len(v) == 40 for v in compute.values())
+    slow = max(compute, key=lambda r: compute[r][-1])
+    assert all(abs(compute[slow][s] / compute[r][s] - 1 / 0.7) < 0.15 for r in compute if r != slow for s in (20, 39))
+    ups = [s for s in fams["up"].samples if s.labels["job"] == "ranks"]
+    assert {s.labels["instance"] for s in ups} == {f"offline/straggler-3/rank{r}" for r in range(4)}
+    clocks = {s.labels["Hostname"] + "/" + s.labels["gpu"]: s.value for s in fams["DCGM_FI_DEV_SM_CLOCK"].samples}
+    assert sorted(clocks) == ["node0/0", "node0/1", "node1/0", "node1/1"]
+    (tmp_path / "ranks.om").write_text(text)
+    proc = subprocess.run([need("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "ranks.om"),
+                           str(tmp_path / "data")], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from exporter import metrics as m
+from exporter import rank_metrics as rm
 from trainer.config import TrainConfig
+from trainer.gpu import gpu_index, gpu_state, gpu_uuid, node_of
 from trainer.record import StepRecord, activation_norms
-from trainer.run import Trainer
+from trainer.run import Trainer, compute_seconds
 
 # 2026-01-01T00:00:00Z: a fixed start keeps offline files reproducible byte for byte.
 DEFAULT_START = 1767225600.0
@@ -63,14 +65,16 @@ def simulate(cfg: TrainConfig, start: float = DEFAULT_START) -> OfflineRun:
     return OfflineRun(cfg, Trainer(cfg).run(), start)
 
 
-def _families(run: OfflineRun) -> dict[str, tuple[str, str, Callable[[], list[float]]]]:
-    """name -> (type, labels, a function giving one value per step) for one run. The values are
-    computed only for the families written (the backtest writes few)."""
+def cumulative(values: list[float]) -> list[float]:
+    """A counter's values: the running sum, added in turn as a live counter adds them."""
+    return [float(v) for v in itertools.accumulate(values)]
+
+
+def _families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Callable[[], list[float]]]]]]:
+    """name -> (type, [(labels, a function giving one value per step), ...]) for one run: one
+    series of each family, and one per rank of the rank families. The values are computed only
+    for the families written (the backtest writes few)."""
     recs, cfg = run.records, run.cfg
-
-    def cumulative(values: list[float]) -> list[float]:
-        return [float(v) for v in itertools.accumulate(values)]
-
     norms = functools.cache(lambda: activation_norms([r.logits for r in recs]))  # the whole run in one pass
     n = len(recs)
     fam = {
@@ -97,6 +101,43 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, str, Callable[[], list[fl
     if not cfg.drill:
         fam[m.LEARNING_RATE] = ("gauge", run.labels, lambda: [r.lr for r in recs])
         fam[m.INCIDENT_ACTIVE] = ("gauge", run.labels, lambda: [1.0 if r.incident_active else 0.0 for r in recs])
+    out = {name: (kind, [(labels, values)]) for name, (kind, labels, values) in fam.items()}
+    if cfg.ranks > 1:
+        for name, (kind, series) in _rank_families(run).items():
+            out.setdefault(name, (kind, []))[1].extend(series)
+    return out
+
+
+def _rank_families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Callable[[], list[float]]]]]]:
+    """What each rank's exporter serves (exporter.rank_metrics), on the lab clock: each rank
+    computes for its own device time; the exchange starts when the slowest arrives and takes
+    collective_seconds, so a rank waits the step's duration less its own compute."""
+    cfg, recs = run.cfg, run.records
+    compute = functools.cache(lambda: compute_seconds(cfg)[:, : len(recs)])
+    steps = [r.duration_seconds for r in recs]
+    fam: dict[str, tuple[str, list[tuple[str, Callable[[], list[float]]]]]] = {}
+
+    def add(name: str, kind: str, labels: str, values: Callable[[], list[float]]) -> None:
+        fam.setdefault(name, (kind, []))[1].append((labels, values))
+
+    for rank in range(cfg.ranks):
+        target = f'job="ranks",instance="offline/{cfg.label}/rank{rank}"'
+        labels = f'{target},run_id="{cfg.label}",rank="{rank}",node="{node_of(cfg, rank)}"'
+        gpu = f'{target},gpu="{gpu_index(cfg, rank)}",UUID="{gpu_uuid(cfg, rank)}",Hostname="{node_of(cfg, rank)}"'
+        own = functools.cache(lambda rank=rank: compute()[rank].tolist())
+        waits = functools.cache(lambda own=own: [d - c for d, c in zip(steps, own(), strict=True)])
+        states = functools.cache(lambda rank=rank: [gpu_state(cfg, rank, s) for s in range(len(recs))])
+        add("up", "gauge", target, lambda: [1.0] * len(recs))
+        add(rm.RANK_STEP, "gauge", labels, lambda: [float(r.step) for r in recs])
+        add(rm.RANK_COMPUTE_SECONDS, "gauge", labels, own)
+        add(rm.RANK_WAIT_SECONDS, "gauge", labels, waits)
+        add(rm.RANK_STEP_SECONDS, "gauge", labels, lambda: list(steps))
+        add(rm.RANK_COLLECTIVE_SEQ, "gauge", labels, lambda: [float(r.step + 1) for r in recs])
+        add(rm.RANK_COMPUTE_TOTAL, "counter", labels, lambda own=own: cumulative(own()))
+        add(rm.RANK_WAIT_TOTAL, "counter", labels, lambda waits=waits: cumulative(waits()))
+        for name, field in ((rm.GPU_TEMP, "temp_c"), (rm.GPU_SM_CLOCK, "sm_clock_mhz"), (rm.GPU_POWER, "power_w"),
+                            (rm.GPU_FB_USED, "fb_used_mib"), (rm.GPU_XID, "xid")):  # fmt: skip
+            add(name, "gauge", gpu, lambda states=states, field=field: [float(getattr(g, field)) for g in states()])
     return fam
 
 
@@ -105,7 +146,12 @@ FAMILIES = (
     m.RUN_START, m.RUN_END,
     m.LOGIT_NORM_MEAN, m.LOGIT_NORM_MAX, m.WEIGHT_NORM, m.EXPECTED_LOSS, m.LOSS_SCALE, m.SKIPPED_STEPS,
     m.LEARNING_RATE, m.INCIDENT_ACTIVE,
+    rm.RANK_STEP, rm.RANK_COMPUTE_SECONDS, rm.RANK_WAIT_SECONDS, rm.RANK_STEP_SECONDS, rm.RANK_COLLECTIVE_SEQ,
+    rm.RANK_COMPUTE_TOTAL, rm.RANK_WAIT_TOTAL, rm.GPU_TEMP, rm.GPU_SM_CLOCK, rm.GPU_POWER, rm.GPU_FB_USED, rm.GPU_XID,
 )  # fmt: skip
+
+
+HELP = {**m.HELP, **rm.HELP, **rm.TOTAL_HELP}
 
 
 def write_openmetrics(runs: list[OfflineRun], fh: TextIO, families: set[str] | None = None) -> int:
@@ -120,17 +166,15 @@ def write_openmetrics(runs: list[OfflineRun], fh: TextIO, families: set[str] | N
     count = 0
     for name in names:
         kind = next(fams[name][0] for fams in per_run if name in fams)
-        help_text = m.HELP.get(name, "1 if the target was scraped successfully.")
+        help_text = HELP.get(name, "1 if the target was scraped successfully.")
         fh.write(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
         sample = f"{name}_total" if kind == "counter" else name
         for fams, stamp in zip(per_run, stamps, strict=True):
-            if name not in fams:
-                continue
-            _, labels, values = fams[name]
-            head = f"{sample}{{{labels}}} "
-            # NaN marks "no value yet" (the expected loss before its fit): a scrape would not have it
-            lines = [f"{head}{float(v)!r} {t}\n" for v, t in zip(values(), stamp, strict=True) if v == v]
-            fh.writelines(lines)
-            count += len(lines)
+            for labels, values in fams[name][1] if name in fams else ():
+                head = f"{sample}{{{labels}}} "
+                # NaN marks "no value yet" (the expected loss before its fit): a scrape would not have it
+                lines = [f"{head}{float(v)!r} {t}\n" for v, t in zip(values(), stamp, strict=True) if v == v]
+                fh.writelines(lines)
+                count += len(lines)
     fh.write("# EOF\n")
     return count
