@@ -301,11 +301,13 @@ def throughput(data) -> list[tuple[int, float]]:
 
 def test_throughput_is_flat_on_a_healthy_run_and_drops_below_the_threshold_on_a_slow_node(incident, tmp_path):
     """The drawn series, not only the query: a healthy run (the corrupt shard's throughput is
-    healthy) stays within its 2% jitter, where rate() of the token counter showed drops to 44k;
+    healthy) stays flat, where rate() of the token counter showed drops of a third, to 44k;
     a slow node's steps from the onset fall 30%, below the dashed ThroughputDrop threshold."""
     healthy = [v for _, v in throughput(collect(PROM, incident.run_id, since_s=600))]
     middle = sorted(healthy)[len(healthy) // 2]
-    assert len(healthy) > 40 and all(0.93 < v / middle < 1.07 for v in healthy), (min(healthy), max(healthy))
+    # Flat: its 2% jitter (6% at three sigmas), and a step woken late on a loaded machine (8%
+    # seen while the suite's other worker ran four MPI ranks): within 15%, far from a third.
+    assert len(healthy) > 40 and all(0.85 < v / middle < 1.15 for v in healthy), (min(healthy), max(healthy))
 
     slow = ExtraTrainer(incident, "slow", 8106, "--incident", "slow_node", "--fast-forward", "280")
     try:
