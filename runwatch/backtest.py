@@ -328,7 +328,7 @@ def cache_key(
         "shift_ms": GRID_PHASE_MS, "start": DEFAULT_START, **({"ranks": ranks} if ranks > 1 else {}),
     }  # fmt: skip
     here = Path(__file__).resolve().parents[1]
-    sources = [*(here / "trainer").glob("*.py"), here / "exporter" / "metrics.py"]
+    sources = [*(here / "trainer").glob("*.py"), *(here / "exporter").glob("*metrics.py")]  # the names written
     return key_of(parts, sources)
 
 
