@@ -11,8 +11,9 @@ BLAS routine once per lane, reductions run along the same contiguous axes, and w
 elementwise (the weight norm's BLAS dot, the curve fit, the random draws) runs per lane with the
 one-run functions themselves.
 
-Not for live runs (`trainer.live`), and not batched in fp16: its loss scaler skips steps run by
-run, so `train_many` trains fp16 runs one at a time, each incident forked from its seed's prefix.
+Not for live runs (`trainer.live`), and not batched in fp16 or over several ranks: the loss
+scaler skips steps run by run, and ranks split each batch, so `train_many` trains those runs one
+at a time, each incident forked from its seed's prefix.
 
     >>> runs = train_many([TrainConfig(seed=1), TrainConfig(seed=1, incident="lr_spike")])
     >>> runs[1][300].lr
