@@ -21,10 +21,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from exporter.metrics import TrainerMetrics
-from exporter.server import PortInUseError, start
+from exporter.server import MetricsServer
 from runwatch.command import UsageError
 from trainer.config import TrainConfig
 from trainer.live import RunRecord, run_live
@@ -74,8 +75,10 @@ def launch(args: argparse.Namespace, cfg: TrainConfig) -> int:
     return 0 if code == 0 else 130 if forwarded.is_set() else code
 
 
-def run_rank(args: argparse.Namespace, cfg: TrainConfig, public: TrainConfig, run_dir: Path) -> int:
-    """One rank's live run (under mpiexec)."""
+def run_rank(
+    args: argparse.Namespace, cfg: TrainConfig, public: TrainConfig, run_dir: Path, serve: Callable[..., MetricsServer]
+) -> int:
+    """One rank's live run (under mpiexec); `serve` starts a /metrics server as `runwatch train` does."""
     from mpi4py import MPI  # only a rank needs MPI loaded
 
     comm = MPI.COMM_WORLD
@@ -89,10 +92,10 @@ def run_rank(args: argparse.Namespace, cfg: TrainConfig, public: TrainConfig, ru
         signal.signal(sig, lambda *_: stop.set())
     own = rank_metrics(cfg, rank)
     metrics = TrainerMetrics(cfg.label, cfg.seed, cfg.incident, precision=cfg.precision)
-    servers = [_serve(own.registry, 0 if args.rank_port_base == 0 else args.rank_port_base + rank, args.host,
-                      "--rank-port-base")]  # fmt: skip
+    own_port = 0 if args.rank_port_base == 0 else args.rank_port_base + rank
+    servers = [serve(own.registry, own_port, args.host, "--rank-port-base")]
     if rank == 0:  # the job's training metrics, where a one-process run serves them
-        servers.append(_serve(metrics.registry, args.port, args.host, "--port"))
+        servers.append(serve(metrics.registry, args.port, args.host))
     for server in servers:
         host, port = server.server_address[:2]
         say(f"run {cfg.label} rank {rank}: serving http://{host}:{port}/metrics")
@@ -126,12 +129,3 @@ def say(line: str) -> None:
     write the text and its newline apart, letting another rank's line in between."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
-
-
-def _serve(registry, port: int, host: str, flag: str):
-    try:
-        return start(registry, port, host)
-    except PortInUseError as err:
-        raise UsageError(f"{flag}: {err}") from None
-    except OSError as err:
-        raise UsageError(f"--host: cannot listen on {host}:{port}: {err.strerror}") from None

@@ -20,8 +20,10 @@ import time
 import zipfile
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from exporter.metrics import HIDDEN, TrainerMetrics
-from exporter.server import PortInUseError, start
+from exporter.server import MetricsServer, PortInUseError, start
 from runwatch import cluster
 from runwatch.command import Command, UsageError, check_writable, flag, number
 from runwatch.files import write_atomic
@@ -153,6 +155,16 @@ def read_sealed_answer(path: Path) -> dict:
     return answer
 
 
+def serve(registry: CollectorRegistry, port: int, host: str, flag: str = "--port") -> MetricsServer:
+    """Serve a registry's /metrics, or a one-line UsageError naming the flag that chose the port."""
+    try:
+        return start(registry, port, host)
+    except PortInUseError as err:
+        raise UsageError(f"{flag}: {err}") from None
+    except OSError as err:
+        raise UsageError(f"--host: cannot listen on {host}:{port}: {err.strerror}") from None
+
+
 def usage_error(err: ConfigError) -> UsageError:
     """A config field's error, as the flag that sets it: `fast_forward` -> `--fast-forward`."""
     return UsageError(f"{flag(err.field)}: {err.problem}")
@@ -219,18 +231,13 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise UsageError(f"--run-dir: cannot create {run_dir}: {err.strerror}") from None
     if cfg.ranks > 1:
-        return cluster.run_rank(args, cfg, public, run_dir)
+        return cluster.run_rank(args, cfg, public, run_dir, serve)
     # Ctrl-C and SIGTERM only ask the loop to stop, so run.json is always rewritten whole.
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     metrics = TrainerMetrics(cfg.label, cfg.seed, cfg.incident, drill=cfg.drill, precision=cfg.precision)
-    try:
-        server = start(metrics.registry, args.port, args.host)
-    except PortInUseError as err:
-        raise UsageError(f"--port: {err}") from None
-    except OSError as err:
-        raise UsageError(f"--host: cannot listen on {args.host}:{args.port}: {err.strerror}") from None
+    server = serve(metrics.registry, args.port, args.host)
     if cfg.drill:
         seal(run_dir / "answer.sealed", {"incident": cfg.incident, "onset": cfg.onset, "run_id": cfg.label})
 
