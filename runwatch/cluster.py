@@ -27,6 +27,7 @@ from pathlib import Path
 from exporter.metrics import TrainerMetrics
 from exporter.server import MetricsServer
 from runwatch.command import UsageError
+from runwatch.promserver import port_is_free
 from trainer.config import TrainConfig
 from trainer.live import RunRecord, run_live
 from trainer.rank import POLL_SECONDS, RankTrainer, rank_metrics
@@ -60,7 +61,14 @@ def rank_argv(args: argparse.Namespace, cfg: TrainConfig) -> list[str]:
 
 
 def launch(args: argparse.Namespace, cfg: TrainConfig) -> int:
-    """Start the ranks and wait for them; 0 when every rank completed."""
+    """Start the ranks and wait for them; 0 when every rank completed. A busy port is refused
+    here, in one line: in a rank, its error would come amid mpiexec's report of the others' end."""
+    wanted = [("--port", args.port)] if args.port else []
+    if args.rank_port_base:
+        wanted += [("--rank-port-base", args.rank_port_base + r) for r in range(cfg.ranks)]
+    for flag, port in wanted:
+        if not port_is_free(port):
+            raise UsageError(f"{flag}: port {port} is already in use on this machine")
     proc = subprocess.Popen(rank_argv(args, cfg), start_new_session=True)
     forwarded = threading.Event()
 

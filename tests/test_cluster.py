@@ -4,6 +4,7 @@ live run over a real MPI (MPICH's mpiexec, mpi4py) that matches the offline simu
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -265,3 +266,14 @@ def names_firing(port: int, names: set[str]) -> dict[str, list[dict]] | None:
         if a["state"] == "firing":
             out.setdefault(a["labels"]["alertname"], []).append(a["labels"])
     return out if names <= set(out) else None
+
+
+def test_a_busy_rank_port_is_refused_before_any_rank_starts(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = runwatch("train", "--ranks", "2", "--rank-port-base", str(port), "--port", "0", "--steps", "5",
+                       "--onset", "1", "--run-dir", "run", cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"runwatch train: --rank-port-base: port {port} is already in use on this machine"
