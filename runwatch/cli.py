@@ -18,7 +18,7 @@ from runwatch.command import Command, Parser, UsageError
 
 def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Command]]]:
     # Imported here so that `runwatch --help` stays fast and one broken module names itself.
-    from runwatch import backtest, check, drill, lab, plate, train
+    from runwatch import backtest, check, drill, flight_recorder, lab, plate, train
 
     return [
         ("train", "run the workshop's training run, live or offline", train.add_arguments),
@@ -33,6 +33,11 @@ def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Comm
         ("ack", "acknowledge a page: an Alertmanager silence for the alert and its run", drill.add_ack),
         ("diagnose", "name the drill's incident once; it is revealed and graded", drill.add_diagnose),
         ("postmortem", "write the drill's postmortem: PagerDuty's sections, timeline, plate", drill.add_postmortem),
+        (
+            "flight-recorder",
+            "every rank's last collective and step, and the rank that lags",
+            flight_recorder.add_arguments,
+        ),
     ]
 
 
