@@ -16,12 +16,11 @@ Not an alert: TrainingStalled and StragglerRank page; this is what the on-call r
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass
 
 from exporter.rank_metrics import RANK_COLLECTIVE_SEQ, RANK_LAST_STEP_TIME, RANK_STEP
-from runwatch.command import Command, UsageError, add_state_dir
+from runwatch.command import Command, UsageError, add_state_dir, read_json
 from runwatch.names import url
 from runwatch.promserver import PromQLError, instant
 
@@ -80,9 +79,10 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
 
 def run(args: argparse.Namespace) -> int:
     lab_json = args.state_dir / "lab.json"
+    if args.run is None and lab_json.exists():
+        args.run = read_json(lab_json, "the lab's record").get("run_id")
     try:
-        run_id = args.run or (json.loads(lab_json.read_text())["run_id"] if lab_json.exists() else None)
-        run_id = run_id or newest_run_with_ranks(args.prometheus)
+        run_id = args.run or newest_run_with_ranks(args.prometheus)
         ranks = read_ranks(args.prometheus, run_id)
     except (OSError, PromQLError) as err:
         raise UsageError(f"--prometheus: cannot read {args.prometheus}: {err}") from None

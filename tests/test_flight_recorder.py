@@ -62,6 +62,9 @@ def test_errors_name_the_flag(four_ranks, tmp_path):
         "flight-recorder", "--run", "nosuch", "--prometheus", base, "--state-dir", str(tmp_path), cwd=tmp_path
     )
     assert res.returncode == 2 and res.stderr.strip().startswith("runwatch flight-recorder: --run: run nosuch")
+    (tmp_path / "lab.json").write_text("{half")  # the lab's record, damaged
+    res = runwatch("flight-recorder", "--prometheus", base, "--state-dir", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "lab.json" in res.stderr
     closed = f"http://127.0.0.1:{free_port()}"
     res = runwatch("flight-recorder", "--run", "rk", "--prometheus", closed, "--state-dir", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "--prometheus" in res.stderr
