@@ -40,7 +40,7 @@ def test_a_part_crosses_the_wire_unchanged():
     rng = np.random.default_rng(2)
     part = (0.25, rng.normal(size=(20, 10)), rng.normal(size=10), rng.normal(size=(32, 10)))
     vector = parallel.pack(part)
-    assert vector.size == parallel.packed_size(cfg)
+    assert vector.size == 1 + 20 * 10 + 10 + 32 * 10  # loss, g_w, g_b, the share's logits
     back = parallel.unpack(vector, cfg)
     assert back[0] == part[0] and all(np.array_equal(a, b) for a, b in zip(back[1:], part[1:], strict=True))
 

@@ -31,6 +31,7 @@ from trainer.config import TrainConfig
 from trainer.record import StepRecord
 from trainer.run import (
     Trainer,
+    arithmetic,
     batch_source,
     corrupt_labels,
     draw_batch,
@@ -42,7 +43,6 @@ from trainer.run import (
     step_durations,
     weight_norm,
 )
-from trainer.run import arithmetic as run_arithmetic
 
 
 def train_many(configs: list[TrainConfig]) -> list[list[StepRecord]]:
@@ -63,9 +63,9 @@ def train_many(configs: list[TrainConfig]) -> list[list[StepRecord]]:
     head = prefix.run(0, base.onset)
     # From the onset, one lane per seed and arithmetic: a slow node's weights are the healthy
     # run's (only its clock differs), so both runs read one lane.
-    arithmetic = {i: run_arithmetic(dataclasses.replace(base, incident=i)) for i in {c.incident for c in configs}}
+    of_incident = {i: arithmetic(dataclasses.replace(base, incident=i)) for i in {c.incident for c in configs}}
     lanes: dict[tuple, int] = {}
-    lane_of = [lanes.setdefault((c.seed, arithmetic[c.incident]), len(lanes)) for c in configs]
+    lane_of = [lanes.setdefault((c.seed, of_incident[c.incident]), len(lanes)) for c in configs]
     firsts = {lane: c for c, lane in reversed(list(zip(configs, lane_of, strict=True)))}
     tail = prefix.fork([firsts[i] for i in range(len(lanes))], configs, lane_of).run(base.onset, base.steps)
     row = {s: i for i, s in enumerate(seeds)}

@@ -59,7 +59,3 @@ def unpack(vector: np.ndarray, cfg: TrainConfig) -> Part:
     g_b = vector[1 + f * c : 1 + f * c + c]
     logits = vector[1 + f * c + c :].reshape(n, c)
     return float(vector[0]), g_w, g_b, logits
-
-
-def packed_size(cfg: TrainConfig) -> int:
-    return 1 + cfg.features * cfg.classes + cfg.classes + (cfg.batch_size // cfg.ranks) * cfg.classes
