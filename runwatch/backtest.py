@@ -49,7 +49,7 @@ from runwatch.promserver import Process, free_port, query_range
 from trainer.batch import train_many
 from trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
 from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, write_openmetrics
-from trainer.run import straggler_rank
+from trainer.run import struck_rank
 
 # A load or backfill that runs past this is hung, not slow: 500 runs load in about 8 s here.
 BACKFILL_TIMEOUT_S = 900
@@ -71,7 +71,7 @@ RECORD_GROUP, RECORD_FILE = "backfill-249", "backfill.yml"
 # Alert queries in flight at once; Prometheus's own limit (--query.max-concurrency) is 20.
 MAX_QUERIES = 16
 # The data's cache: bump when what an entry holds changes meaning.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 CACHE_MAX_MB = 512  # about 34 backtests of 100 seeds (15 MB each)
 
 
@@ -163,11 +163,12 @@ def recording_levels(recording: list[dict]) -> list[list[dict]]:
 
 def families_read(rules: Rules) -> set[str]:
     """The trainer's metric families that some rule names, plus the step (for readouts) and up.
-    A whole name: runwatch_train_tokens is not read by a rule on runwatch_train_tokens_per_second."""
+    A whole name: runwatch_train_tokens is not read by a rule on runwatch_train_tokens_per_second,
+    but is by one on runwatch_train_tokens_total."""
     names = {ref.name for r in rules.recording + rules.alerting for ref in references(r["expr"])}
     if any("__name__" in r["expr"] for r in rules.recording + rules.alerting):
         names = set(FAMILIES)  # a rule may select families by a pattern: load them all
-    return {f for f in FAMILIES if f in names} | {STEP, "up"}
+    return {f for f in FAMILIES if f in names or f"{f}_total" in names} | {STEP, "up"}  # a counter's samples: _total
 
 
 def _simulate_chunk(
@@ -186,7 +187,8 @@ def _simulate_chunk(
         for cfg, records in zip(configs, train_many(configs), strict=True):
             run = OfflineRun(cfg, records, shift_ms=GRID_PHASE_MS)
             runs.append(run)
-            meta.append({"incident": cfg.incident, "seed": cfg.seed, "run_id": cfg.label, "end": run.step_time(-1)})
+            meta.append({"incident": cfg.incident, "seed": cfg.seed, "run_id": cfg.label, "end": run.end_time(),
+                         **({"fault_at": run.fault_time()} if cfg.incident in plate.FAULTS else {})})  # fmt: skip
         with open(om_path, "w") as fh:
             samples = write_openmetrics(runs, fh, families)
     finally:
@@ -417,9 +419,10 @@ def _read_alerts(
                     first[run][alert], named[run][alert] = t, set()
                 if t == first[run][alert] and "rank" in series["metric"]:
                     named[run][alert].add(series["metric"]["rank"])
-        # every run's step on the grid points from the first first-firing to the last one
+        # every run's step on the grid points from the first first-firing to the last one: its
+        # last step, also while a job is down and restarts (trainer.faults)
         fired = [t for alerts in first.values() for t in alerts.values()]
-        steps = query_range(prom.base, STEP, min(fired), max(fired)) if fired else []
+        steps = query_range(prom.base, f"last_over_time({STEP}[1m])", min(fired), max(fired)) if fired else []
         step_at = {s["metric"].get("run_id"): {float(t): int(float(v)) for t, v in s["values"]} for s in steps}
     return first, unattributed, step_at, named
 
@@ -466,6 +469,8 @@ def backtest(
         fires = first[m["run_id"]]
         steps = {a: (step_at[m["run_id"]][fires[a]] if a in fires else None) for a in alerts}
         run = {**{k: m[k] for k in ("incident", "seed", "run_id")}, "first_fire": steps}
+        if "fault_at" in m:  # no step ends while a job stalls or restarts: seconds from the fault
+            run["after_fault"] = {a: round(fires[a] - m["fault_at"], 1) if a in fires else None for a in alerts}
         if ranks > 1:  # which ranks each alert named when it first fired
             run["named_ranks"] = {a: sorted(r, key=int) for a, r in named[m["run_id"]].items() if r}
         runs.append(run)
@@ -473,6 +478,11 @@ def backtest(
 
 
 # --- reporting ---
+
+
+def readout(run: dict, alert: str) -> float | None:
+    """When an alert first fired in a run: its step, or for a fault, seconds from the fault."""
+    return run["after_fault"][alert] if "after_fault" in run else run["first_fire"][alert]
 
 
 def summarise(result: Result) -> dict:
@@ -490,7 +500,7 @@ def summarise(result: Result) -> dict:
             continue
         cells = {}
         for alert in result.alerts:
-            steps = [r["first_fire"][alert] for r in runs if r["first_fire"][alert] is not None]
+            steps = [readout(r, alert) for r in runs if readout(r, alert) is not None]
             expect = plate.expectation(incident, alert)
             cells[alert] = {
                 "fired": len(steps),
@@ -500,19 +510,19 @@ def summarise(result: Result) -> dict:
                 "max": max(steps) if steps else None,
                 "plate": plate.PLATE_READOUTS.get(incident, {}).get(alert),
                 "expect": expect.describe() if expect else None,
-                "met": sum(expect.met(r["first_fire"][alert]) for r in runs) if expect else None,
+                "met": sum(expect.met(readout(r, alert)) for r in runs) if expect else None,
             }
         matched = sum(
-            all(e.met(r["first_fire"].get(a)) for a, e in plate.signature(incident).items() if a in result.alerts)
+            all(e.met(readout(r, a)) for a, e in plate.signature(incident).items() if a in result.alerts)
             and all(r["first_fire"][a] is None for a in result.alerts if incident == "none")
             for r in runs
         )
         summary["incidents"][incident] = {"runs": len(runs), "signature_matched": matched, "alerts": cells}
-        if incident in plate.CLUSTER_INCIDENTS:
+        if incident in plate.CLUSTER_INCIDENTS and incident not in plate.FAULTS:  # a straggler's rank
             summary["incidents"][incident]["named_right_rank"] = named_right_rank(result, runs)
         for r in runs:
-            for alert, step in r["first_fire"].items():
-                expect = plate.expectation(incident, alert)
+            for alert in r["first_fire"]:
+                step, expect = readout(r, alert), plate.expectation(incident, alert)
                 if expect is None or expect.met(step):
                     continue
                 kind = "missed" if step is None else "off_steps" if expect.fires else "false_alarms"
@@ -540,7 +550,7 @@ def named_right_rank(result: Result, runs: list[dict]) -> dict[str, int]:
     out = {}
     for alert in RANK_ALERTS:
         if alert in result.alerts:
-            struck = [str(straggler_rank(TrainConfig(seed=r["seed"], incident=r["incident"], ranks=result.ranks)))
+            struck = [str(struck_rank(TrainConfig(seed=r["seed"], incident=r["incident"], ranks=result.ranks)))
                       for r in runs]  # fmt: skip
             out[alert] = sum(r.get("named_ranks", {}).get(alert) == [s] for r, s in zip(runs, struck, strict=True))
     return out
@@ -551,7 +561,7 @@ def leads(result: Result) -> dict:
     TrainingLossJump they first fired (negative: after), over runs where both fired."""
     out: dict = {}
     others = [a for a in result.alerts if a not in (*plate.ALERTS, *CLUSTER_ALERTS, "TrainerDown")]
-    for incident in ALL_INCIDENTS:
+    for incident in (i for i in ALL_INCIDENTS if i not in plate.FAULTS):  # a fault's readouts are not steps
         runs = [r for r in result.runs if r["incident"] == incident]
         for alert in others:
             both = [r for r in runs if r["first_fire"][alert] is not None and r["first_fire"][LOSS_ALERT] is not None]
@@ -569,7 +579,7 @@ def leads(result: Result) -> dict:
     return out
 
 
-def _cell(c: dict) -> str:
+def _cell(c: dict, target: bool = False) -> str:
     if not c["fired"]:
         ours = "-"
     elif c["min"] == c["max"]:
@@ -578,21 +588,34 @@ def _cell(c: dict) -> str:
         ours = f"{c['median']:g} ({c['min']}-{c['max']})"
     if c["fired"] not in (0, c["runs"]):
         ours += f" {c['fired']}/{c['runs']}"
-    plate_ = "-" if c["plate"] is None else str(c["plate"])
+    if target:  # a fault's target, in seconds: "10-15", or "silent"
+        plate_ = (c["expect"] or "-").removeprefix("fires in ").removeprefix("fires at ")
+    else:
+        plate_ = "-" if c["plate"] is None else str(c["plate"])
     return f"{ours} [{plate_}]"
 
 
-def report(summary: dict, alerts: list[str]) -> str:
-    """The readout table: first-fire step, median (range) over seeds, the plate's in brackets."""
-    cells = {i: [_cell(inc["alerts"][a]) for a in alerts] for i, inc in summary["incidents"].items()}
+def _table(title: str, incidents: dict, alerts: list[str], target: bool) -> list[str]:
+    cells = {i: [_cell(inc["alerts"][a], target) for a in alerts] for i, inc in incidents.items()}
     # each column as wide as its widest cell, and two spaces between columns whatever they hold
     widths = [max(len(a), *(len(row[j]) for row in cells.values())) + 2 for j, a in enumerate(alerts)]
-    lines = ["first-fire step: median (min-max) over seeds [the plate's readout]", ""]
+    lines = [title, ""]
     lines.append("incident".ljust(16) + "".join(a.ljust(w) for a, w in zip(alerts, widths, strict=True)) + "signature")
-    for incident, inc in summary["incidents"].items():
+    for incident, inc in incidents.items():
         row = incident.ljust(16) + "".join(c.ljust(w) for c, w in zip(cells[incident], widths, strict=True))
         lines.append(row + f"{inc['signature_matched']}/{inc['runs']}")
-    lines.append("")
+    return lines + [""]
+
+
+def report(summary: dict, alerts: list[str]) -> str:
+    """The readout table: first-fire step, median (range) over seeds, the plate's in brackets;
+    for the faults, a second table in seconds from the fault, the target in brackets."""
+    steps = {i: inc for i, inc in summary["incidents"].items() if i not in plate.FAULTS}
+    faults = {i: inc for i, inc in summary["incidents"].items() if i in plate.FAULTS}
+    lines = _table("first-fire step: median (min-max) over seeds [the plate's readout]", steps, alerts, False)
+    if faults:
+        title = "seconds from the fault to the first fire: median (min-max) over seeds [the target]"
+        lines += _table(title, faults, alerts, True)
     for kind, title in [
         ("false_alarms", "false alarms (fired where the plate says silent)"),
         ("off_steps", "off the plate's steps"),

@@ -7,6 +7,10 @@ trainer.rank describes: rank 0 serves the job's training metrics on --port, writ
 saves the checkpoints; every rank serves its own metrics on --rank-port-base + rank and writes
 rank-R.json beside run.json.
 
+When the job fails (a rank's watchdog, a lost GPU: mpiexec ends every rank) or is drained, the
+launcher restarts it whole from its last checkpoint, as torchrun's elastic agent does, and
+serves on --launcher-port what that cost: restarts, steps lost, and ETTR.
+
 Not the offline simulation: `runwatch train --offline --ranks N` simulates the N ranks in one
 process, with the same numbers.
 """
@@ -14,6 +18,7 @@ process, with the same numbers.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -25,18 +30,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exporter.metrics import TrainerMetrics
+from exporter.rank_metrics import LauncherMetrics
 from exporter.server import MetricsServer
 from runwatch.command import UsageError
 from runwatch.promserver import port_is_free
 from trainer.config import TrainConfig
-from trainer.live import RunRecord, run_live
-from trainer.rank import POLL_SECONDS, RankTrainer, rank_metrics
+from trainer.gpu import node_of
+from trainer.live import RunRecord, run_live, utc_now
+from trainer.rank import POLL_SECONDS, JobFailedError, RankTrainer, rank_metrics
+from trainer.run import Trainer
 
 RANK_ENV = "PMI_RANK"  # set by MPICH's mpiexec in every rank it starts
 # What the launcher hands on to every rank, by attribute; the rest is fixed by the launcher.
 PASSED = ("seed", "steps", "onset", "lr", "incident", "port", "host", "fast_forward", "run_dir", "hold",
-          "precision", "ranks", "rank_port_base", "step_seconds", "wait_for_prometheus")  # fmt: skip
+          "precision", "ranks", "rank_port_base", "step_seconds", "wait_for_prometheus", "watchdog_seconds",
+          "restart_seconds")  # fmt: skip
 FAREWELL_S = 5.0
+# Restarts the launcher makes before it gives up, as torchrun's --max-restarts: a fault strikes
+# a run once, so more than one means something else is wrong (a bug that crashes every start).
+MAX_RESTARTS = 3
 INSTALL_HINT = "pip install mpi4py mpich (runwatch's cluster extra)"
 
 
@@ -49,9 +61,14 @@ def mpiexec() -> str:
     return found
 
 
-def rank_argv(args: argparse.Namespace, cfg: TrainConfig) -> list[str]:
-    """The command line of every rank: this one's flags, and the run id fixed here."""
+def rank_argv(
+    args: argparse.Namespace, cfg: TrainConfig, attempt: int = 0, restart_from: Path | None = None
+) -> list[str]:
+    """The command line of every rank: this one's flags, the run id fixed here, and which start
+    of the job this is (a restart goes on from the checkpoint `restart_from`, or from step 0)."""
     argv = [mpiexec(), "-n", str(cfg.ranks), sys.executable, "-m", "runwatch", "train", "--run-id", cfg.label]
+    if attempt:
+        argv += ["--attempt", str(attempt)] + (["--restart-from", str(restart_from)] if restart_from else [])
     for name in PASSED:
         value = getattr(args, name)
         if value is None or value is False:
@@ -60,27 +77,133 @@ def rank_argv(args: argparse.Namespace, cfg: TrainConfig) -> list[str]:
     return argv
 
 
-def launch(args: argparse.Namespace, cfg: TrainConfig) -> int:
-    """Start the ranks and wait for them; 0 when every rank completed. A busy port is refused
-    here, in one line: in a rank, its error would come amid mpiexec's report of the others' end."""
+def rank_targets(run_id: str, ranks: int, rank_port_base: int, host: str = "127.0.0.1") -> list[dict]:
+    """Prometheus's file_sd groups for the ranks: one target each, labelled run_id, rank and node,
+    so that `up` names the rank that stops answering (RankDown)."""
+    cfg = TrainConfig(ranks=ranks)
+    return [
+        {
+            "targets": [f"{host}:{rank_port_base + r}"],
+            "labels": {"run_id": run_id, "rank": str(r), "node": node_of(cfg, r)},
+        }
+        for r in range(ranks)
+    ]
+
+
+class JobProgress:
+    """How far the run has got, for the launcher's ETTR: rank 0 writes it into run.json."""
+
+    def __init__(self, run_json: Path, clock: Callable[[], float] = time.time):
+        self.path, self.clock = run_json, clock
+        self.base: tuple[float, float] | None = None  # (Unix time, lab time) at the first live step
+        self.rewound: tuple[str, float] | None = None  # (a failed attempt's started_at, its checkpoint's lab time)
+
+    def rewind(self, started_at: str, lab_time: float) -> None:
+        """The attempt that started at `started_at` failed: only its checkpoint's lab time counts."""
+        self.ettr()  # the first live step's time, if no scrape has read it yet
+        self.rewound = (started_at, lab_time)
+
+    def ettr(self) -> float | None:
+        """Lab seconds of the steps the run keeps, over wall seconds since its first live step."""
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        if self.base is None:
+            if "live_since" not in data:
+                return None
+            self.base = (float(data["live_since"]), float(data["live_lab_time"]))
+        lab = float(data.get("lab_time", 0.0))
+        if self.rewound is not None and self.rewound[0] == data.get("started_at"):
+            lab = self.rewound[1]
+        wall = self.clock() - self.base[0]
+        return max(0.0, lab - self.base[1]) / wall if wall > 0 else None
+
+
+def launch(args: argparse.Namespace, cfg: TrainConfig, run_dir: Path, serve: Callable[..., MetricsServer]) -> int:
+    """Start the ranks and wait for them; 0 when every rank completed. As torchrun's elastic
+    agent does, a job that fails (or is drained) is restarted whole from its last checkpoint,
+    after cfg.restart_seconds. The launcher serves the restarts, the steps they lost and ETTR.
+
+    A busy port is refused here, in one line: in a rank, its error would come amid mpiexec's
+    report of the others' end."""
     wanted = [("--port", args.port)] if args.port else []
     if args.rank_port_base:
         wanted += [("--rank-port-base", args.rank_port_base + r) for r in range(cfg.ranks)]
     for flag, port in wanted:
         if not port_is_free(port):
             raise UsageError(f"{flag}: port {port} is already in use on this machine")
-    proc = subprocess.Popen(rank_argv(args, cfg), start_new_session=True)
+    args.run_dir = run_dir  # every attempt's ranks write here
+    progress = JobProgress(run_dir / "run.json")
+    metrics = LauncherMetrics(cfg.label, progress.ettr)
+    server = serve(metrics.registry, args.launcher_port, args.host, "--launcher-port")
+    host, port = server.server_address[:2]
+    say(f"run {cfg.label} launcher: serving http://{host}:{port}/metrics")
+    running: list[subprocess.Popen] = []
     forwarded = threading.Event()
 
     def forward(sig: int, _frame: object) -> None:
         if not forwarded.is_set():  # once: a second signal makes mpiexec kill its ranks outright
             forwarded.set()
-            proc.send_signal(sig)
+            if running:
+                running[-1].send_signal(sig)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
-    code = proc.wait()
-    return 0 if code == 0 else 130 if forwarded.is_set() else code
+    since, attempt, restart_from = time.time(), 0, None
+    try:
+        while True:
+            running.append(subprocess.Popen(rank_argv(args, cfg, attempt, restart_from), start_new_session=True))
+            code = running[-1].wait()
+            if forwarded.is_set():
+                return 130
+            record = _read_record(run_dir / "run.json")
+            status = record.get("status")
+            if code == 0 and status != "drained":
+                return 0
+            if attempt == MAX_RESTARTS:
+                say(
+                    f"run {cfg.label}: the job stopped {attempt + 1} times; giving up (at most {MAX_RESTARTS} restarts)"
+                )
+                return code or 1
+            restart_from = _restart(cfg, run_dir, since, code, record, metrics, progress)
+            if forwarded.wait(cfg.restart_seconds):
+                return 130
+            attempt += 1
+    finally:
+        server.shutdown()
+
+
+def _restart(
+    cfg: TrainConfig, run_dir: Path, since: float, code: int, record: dict, metrics: LauncherMetrics,
+    progress: JobProgress,
+) -> Path | None:  # fmt: skip
+    """Count a restart and the steps it loses; the checkpoint to go on from (None: step 0)."""
+    restart_from = newest_checkpoint(run_dir / "checkpoints", since)
+    step, lab_time = Trainer.position(restart_from) if restart_from else (-1, 0.0)
+    last = record.get("last_step")
+    lost = max(0, last - step) if isinstance(last, int) else 0
+    metrics.restarted(lost)
+    progress.rewind(str(record.get("started_at")), lab_time)
+    why = "its node is drained" if code == 0 else f"a rank failed, exit status {code}"
+    where = f"the checkpoint of step {step}" if restart_from else "step 0"
+    say(f"run {cfg.label}: the job stopped after step {last} ({why}); restarting from {where} "
+        f"in {cfg.restart_seconds:g} s, {lost} steps lost")  # fmt: skip
+    return restart_from
+
+
+def _read_record(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def newest_checkpoint(folder: Path, since: float) -> Path | None:
+    """The newest checkpoint this job saved (none from an earlier run in the same folder)."""
+    found = [p for p in folder.glob("checkpoint-*.npz") if p.stat().st_mtime >= since]
+    return max(found, default=None)
 
 
 def run_rank(
@@ -108,19 +231,31 @@ def run_rank(
         host, port = server.server_address[:2]
         say(f"run {cfg.label} rank {rank}: serving http://{host}:{port}/metrics")
     record = RunRecord(run_dir / ("run.json" if rank == 0 else f"rank-{rank}.json"), cfg, public)
-    status = run_live(
-        cfg, metrics, record, args.fast_forward, stop, log=say if rank == 0 else lambda _line: None,
-        trainer=RankTrainer(cfg, comm, own, stop, paced_from=args.fast_forward),
-        checkpoints=run_dir / "checkpoints" if rank == 0 else None,
-        scraped=servers[-1].scraped if args.wait_for_prometheus else None,
-    )  # fmt: skip
+    fast_forward = 0 if args.attempt else args.fast_forward  # a restart is paced from its checkpoint
+    trainer = RankTrainer(cfg, comm, own, stop, paced_from=fast_forward, attempt=args.attempt, log=say)
+    if args.restart_from is not None:
+        trainer.restore(args.restart_from)
+        metrics.add_tokens(trainer.next_step * cfg.batch_size * cfg.tokens_per_example)
+        if rank == 0:
+            say(f"run {cfg.label}: restarted from {args.restart_from} at step {trainer.next_step}")
+    try:
+        status = run_live(
+            cfg, metrics, record, fast_forward, stop, log=say if rank == 0 else lambda _line: None,
+            trainer=trainer, checkpoints=run_dir / "checkpoints" if rank == 0 else None,
+            scraped=servers[-1].scraped if args.wait_for_prometheus else None,
+        )  # fmt: skip
+    except JobFailedError as err:
+        # As NCCL's watchdog does: end this process, and mpiexec ends every other rank.
+        say(f"run {cfg.label} rank {rank}: {err}; ending the job")
+        record.save(status="failed", ended_at=utc_now())
+        os._exit(1)
     if rank == 0:
         say(f"run {cfg.label}: {status}")
     if status == "completed":
         stop.wait(args.hold)
     for server in servers:
         server.shutdown()
-    if status != "completed":
+    if status not in ("completed", "drained"):  # drained: every rank halts at the same checkpoint
         # mpiexec kills every rank once one exits with an error: wait until all have saved their
         # record (rank 0: run.json), for at most FAREWELL_S in case one cannot answer. Then exit
         # without MPI_Finalize, which would wait for exchanges that stopped ranks never join.

@@ -50,15 +50,16 @@ def read_ranks(prometheus: str, run_id: str) -> list[RankState]:
 
 def verdict(ranks: list[RankState]) -> list[str]:
     """The ranks behind the furthest, as the flight recorder's analyser reports a collective that
-    not every rank has joined; one line if none lags."""
+    not every rank has joined; one line if none lags. While a job runs, a rank may be a collective
+    behind for a moment; one that stays behind while TrainingStalled fires is the hang."""
     ahead = max(r.seq for r in ranks)
     behind = [r for r in ranks if r.seq < ahead]
     if not behind:
-        return [f"all {len(ranks)} ranks have completed collective {ahead}: none lags"]
+        return [f"all {len(ranks)} ranks have entered collective {ahead}: none lags"]
     waiting = sorted({r.rank for r in ranks} - {r.rank for r in behind})
     return [
-        f"rank {r.rank} on {r.node} has completed collective {r.seq}, behind {ahead}: "
-        f"ranks {', '.join(map(str, waiting))} are waiting for it in collective {r.seq + 1}"
+        f"rank {r.rank} on {r.node} has not entered collective {ahead} (its last is {r.seq}): "
+        f"ranks {', '.join(map(str, waiting))} are waiting for it there"
         for r in behind
     ]
 

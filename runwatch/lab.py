@@ -41,9 +41,10 @@ import psutil
 import requests
 
 from runwatch.check import run_all
+from runwatch.cluster import rank_targets
 from runwatch.command import DEFAULT_STATE, Command, UsageError, add_state_dir, flag, number, read_json
 from runwatch.files import write_atomic
-from runwatch.names import CONTROL_PORT, PORTS, RANK_PORT_BASE
+from runwatch.names import CONTROL_PORT, LAUNCHER_PORT, PORTS, RANK_PORT_BASE
 from runwatch.names import url as url_of
 from runwatch.paths import Layout, binary
 from runwatch.promserver import PromQLError, instant, port_is_free, wait_ready
@@ -116,7 +117,11 @@ class Lab:
 
     def write_target(self, job_file: str, addresses: list[str]) -> None:
         """Write targets/<job_file>.json atomically: file_sd must never read half a file."""
-        write_atomic(self.targets / f"{job_file}.json", json.dumps([{"targets": addresses}]) + "\n")
+        self.write_groups(job_file, [{"targets": addresses}])
+
+    def write_groups(self, job_file: str, groups: list[dict]) -> None:
+        """targets/<job_file>.json of file_sd groups, each with its targets and labels."""
+        write_atomic(self.targets / f"{job_file}.json", json.dumps(groups) + "\n")
 
     def remove_target(self, job_file: str) -> None:
         (self.targets / f"{job_file}.json").unlink(missing_ok=True)
@@ -172,6 +177,7 @@ class Lab:
             argv += ["--sealed-answer", str(self.sealed_answer(run_id))]
         if args.ranks > 1:  # rank 0 serves the job's metrics on the trainer's port, as one process does
             argv += ["--ranks", str(args.ranks), "--rank-port-base", str(RANK_PORT_BASE)]
+            argv += ["--launcher-port", str(LAUNCHER_PORT)]
         return self._serving("trainer", argv, PORTS["trainer"], "/metrics")
 
     def _control(self, args: argparse.Namespace, run_id: str) -> Component:
@@ -388,13 +394,17 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
     for rank in range(args.ranks if args.ranks > 1 else 0):  # one rank serves on the trainer's port
         if not port_is_free(RANK_PORT_BASE + rank):
             raise _port_owner_error(f"trainer rank {rank}", RANK_PORT_BASE + rank)
+    if args.ranks > 1 and not port_is_free(LAUNCHER_PORT):
+        raise _port_owner_error("trainer launcher", LAUNCHER_PORT)
     for stale in lab.records():
         (lab.pids / f"{stale}.json").unlink()
     lab.link_config()
     lab.write_target(
         "trainer", [f"127.0.0.1:{PORTS['trainer']}"] + ([f"127.0.0.1:{CONTROL_PORT}"] if args.control else [])
     )
-    lab.write_target("ranks", [f"127.0.0.1:{RANK_PORT_BASE + r}" for r in range(args.ranks)] if args.ranks > 1 else [])
+    cluster = args.ranks > 1
+    lab.write_groups("ranks", rank_targets(run_id, args.ranks, RANK_PORT_BASE) if cluster else [])
+    lab.write_target("launcher", [f"127.0.0.1:{LAUNCHER_PORT}"] if cluster else [])
     for name in ("prometheus", "alertmanager", "pager"):
         lab.write_target(name, [f"127.0.0.1:{PORTS[name]}"])
     if args.incident == "random":

@@ -11,7 +11,8 @@ from __future__ import annotations
 PLATE_ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")  # the plate's four
 LESSON20_ALERTS = ("LossScaleCollapse", "ActivationNormSpike")  # Lesson 20's early warnings
 TARGET_ALERTS = ("TrainerDown",)
-CLUSTER_ALERTS = ("StragglerRank", "GPUThermalThrottle")  # one rank of several (cluster.yml)
+# one rank of several, and the job's restarts (cluster.yml)
+CLUSTER_ALERTS = ("StragglerRank", "GPUThermalThrottle", "TrainingStalled", "RankDown", "JobRestarted", "GPUXidError")
 META_ALERTS = ("Watchdog", "PagerDown", "AlertmanagerNotificationsFailing", "RuleEvaluationFailing")
 # The rule group of the lab's own health: a backtest runs no Alertmanager or pager, so it skips it.
 META_GROUP = "runwatch-meta"
@@ -23,6 +24,7 @@ FIRST_FIRED = "run_alert:runwatch_train_step:first_fired"
 PORTS = {"trainer": 8000, "pager": 9095, "alertmanager": 9093, "prometheus": 9090, "console": 9096}
 CONTROL_PORT = 8001  # the healthy control run of `runwatch up --control`
 RANK_PORT_BASE = 8100  # rank r of a cluster run serves its own metrics on 8100 + r
+LAUNCHER_PORT = 8099  # a cluster run's launcher serves its restarts and ETTR here
 LOOPBACK = "127.0.0.1"
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from runwatch.names import CLUSTER_ALERTS, PLATE_ALERTS
 from trainer.config import CLUSTER_INCIDENTS as CLUSTER_INCIDENTS  # re-exported, as INCIDENTS
+from trainer.config import FAULTS as FAULTS
 from trainer.config import INCIDENTS as INCIDENTS  # re-exported: the plate's incidents are the trainer's
 
 ALERTS = PLATE_ALERTS
@@ -99,11 +100,52 @@ CLUSTER_SIGNATURES: dict[str, dict[str, Expect]] = {
 }
 
 
+# The faults' targets (issue 15), in lab seconds from the fault (runwatch.backtest reads them
+# so): no step ends while a job stalls or restarts. A hang stalls from the end of the last step;
+# TrainingStalled fires within T + 5 = 15 s. The ranks' watchdog (60 s after they enter the
+# exchange, about 61 s) tears the job down: JobRestarted at once, RankDown and TrainerDown 10 s
+# later. A crash's GPU reports XID 79 as its step begins and the rank exits 3 s later: RankDown,
+# JobRestarted and GPUXidError within 15 s. An ECC error pages at once; the job is drained at the
+# next checkpoint, at most 49 steps (about 50 s) on. Plate alerts and the straggler's stay silent,
+# but for HeldOutGap in a hang: a stalled trainer serves one step's values on, and its window of
+# 20 s comes to read them alone (6 of 100 hangs; Alertmanager holds it back under TrainingStalled).
+_QUIET = ("StragglerRank", "GPUThermalThrottle", *PLATE_ALERTS)
+FAULT_SIGNATURES: dict[str, dict[str, Expect]] = {
+    "hang": {
+        "TrainingStalled": Expect(fires=(10, 15)),
+        "JobRestarted": Expect(fires=(60, 65)),
+        "RankDown": Expect(fires=(70, 75)),
+        "TrainerDown": Expect(fires=(70, 75)),
+        "GPUXidError": SILENT,
+        **{a: SILENT for a in _QUIET if a != "HeldOutGap"},
+    },
+    "rank_crash": {
+        "GPUXidError": Expect(fires=(0, 15)),
+        "JobRestarted": Expect(fires=(0, 15)),
+        "RankDown": Expect(fires=(0, 15)),
+        "TrainerDown": Expect(fires=(0, 15)),
+        "TrainingStalled": SILENT,
+        **{a: SILENT for a in _QUIET},
+    },
+    "ecc": {
+        "GPUXidError": Expect(fires=(0, 2)),
+        "JobRestarted": Expect(fires=(0, 55)),
+        "RankDown": Expect(fires=(10, 65)),
+        "TrainerDown": Expect(fires=(10, 65)),
+        "TrainingStalled": SILENT,
+        **{a: SILENT for a in _QUIET},
+    },
+}
+
+
 def signature(incident: str) -> dict[str, Expect]:
     """Every expectation of one incident's runs: the plate's, or the cluster's for a cluster
-    incident; the cluster alerts silent in every run of the plate's incidents."""
+    incident (a fault's in seconds from it); the cluster alerts silent in every run of the
+    plate's incidents."""
+    if incident in FAULT_SIGNATURES:
+        return FAULT_SIGNATURES[incident]
     if incident in CLUSTER_SIGNATURES:
-        return CLUSTER_SIGNATURES[incident]
+        return {**{a: SILENT for a in CLUSTER_ALERTS}, **CLUSTER_SIGNATURES[incident]}
     plates = {a: SILENT for a in ALERTS} if incident == "none" else SIGNATURES[incident]
     return {**plates, **{a: SILENT for a in CLUSTER_ALERTS}}
 

@@ -27,7 +27,7 @@ from exporter.server import MetricsServer, PortInUseError, start
 from runwatch import cluster
 from runwatch.command import Command, UsageError, check_writable, flag, number
 from runwatch.files import write_atomic
-from runwatch.names import PORTS, RANK_PORT_BASE
+from runwatch.names import LAUNCHER_PORT, PORTS, RANK_PORT_BASE
 from trainer.config import (
     CLUSTER_INCIDENTS,
     INCIDENTS,
@@ -86,6 +86,14 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
         "--resume", type=Path, default=None, metavar="CHECKPOINT",
         help="go on from a saved checkpoint (its config, unless --lr or --incident say otherwise)",
     )  # fmt: skip
+    add_cluster_arguments(p, d)
+    p.add_argument("--offline", action="store_true", help="no HTTP, no pacing: write --out")
+    p.add_argument("--out", type=Path, default=None, help="OpenMetrics file for --offline")
+    return run
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """The flags of a run over several ranks (runwatch.cluster)."""
     p.add_argument(
         "--ranks", type=number(int, 1, MAX_RANKS), default=d.ranks,
         help="data-parallel ranks: live, one process each under mpiexec; offline, simulated in one",
@@ -98,9 +106,21 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
         "--step-seconds", type=number(float, 0.001, 60), default=d.step_seconds, metavar="SECONDS",
         help="nominal device time of a step (default 1: the rules read one step per lab second; shorter for tests)",
     )  # fmt: skip
-    p.add_argument("--offline", action="store_true", help="no HTTP, no pacing: write --out")
-    p.add_argument("--out", type=Path, default=None, help="OpenMetrics file for --offline")
-    return run
+    p.add_argument(
+        "--launcher-port", type=number(int, 0, 65535), default=LAUNCHER_PORT, metavar="PORT",
+        help=f"with --ranks, the launcher serves restarts, lost steps and ETTR here (default {LAUNCHER_PORT})",
+    )  # fmt: skip
+    p.add_argument(
+        "--watchdog-seconds", type=number(float, 0, 3600, low_open=True), default=d.watchdog_seconds,
+        metavar="SECONDS", help="with --ranks, a rank ends the job after this long in one exchange (hang)",
+    )  # fmt: skip
+    p.add_argument(
+        "--restart-seconds", type=number(float, 0, 3600, low_open=True), default=d.restart_seconds,
+        metavar="SECONDS", help="with --ranks, the launcher restarts a failed job after this long",
+    )  # fmt: skip
+    # set by the launcher for the ranks of a restarted job
+    p.add_argument("--attempt", type=number(int, 0, 1000), default=0, help=argparse.SUPPRESS)
+    p.add_argument("--restart-from", type=Path, default=None, help=argparse.SUPPRESS)
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig]:
@@ -132,6 +152,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
         precision=args.precision,
         ranks=args.ranks,
         step_seconds=args.step_seconds,
+        watchdog_seconds=args.watchdog_seconds,
+        restart_seconds=args.restart_seconds,
     )
     try:
         cfg.validate()
@@ -221,15 +243,14 @@ def run(args: argparse.Namespace) -> int:
     if resumed is None and not cfg.run_id:  # a live run of its own: never merged with an earlier one
         cfg = dataclasses.replace(cfg, run_id=unique_run_id(cfg.label))
         public = dataclasses.replace(public, run_id=cfg.run_id)
-    if cfg.ranks > 1 and cluster.RANK_ENV not in os.environ:  # the launcher: the ranks are mpiexec's
-        return cluster.launch(args, cfg)
-
     run_dir = args.run_dir or Path("runs") / cfg.label
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         check_writable(run_dir / "run.json", "--run-dir")
     except OSError as err:
         raise UsageError(f"--run-dir: cannot create {run_dir}: {err.strerror}") from None
+    if cfg.ranks > 1 and cluster.RANK_ENV not in os.environ:  # the launcher: the ranks are mpiexec's
+        return cluster.launch(args, cfg, run_dir, serve)
     if cfg.ranks > 1:
         return cluster.run_rank(args, cfg, public, run_dir, serve)
     # Ctrl-C and SIGTERM only ask the loop to stop, so run.json is always rewritten whole.

@@ -15,12 +15,13 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from runwatch.paths import REPO
-from runwatch.promserver import Process, free_port
+from runwatch.promserver import Process, free_port, instant
 from tests.conftest import need, runwatch, wait_for
 from trainer import model, parallel
 from trainer.config import INCIDENTS, ConfigError, TrainConfig
+from trainer.faults import fault_of
 from trainer.gpu import NOMINAL_SM_MHZ, gpu_index, gpu_state, gpu_uuid, node_of
-from trainer.run import Trainer, compute_seconds, step_durations, straggler_rank
+from trainer.run import Trainer, compute_seconds, step_durations, struck_rank
 
 
 def test_the_ranks_shares_average_to_the_whole_batchs_gradient():
@@ -59,7 +60,7 @@ def test_the_plates_runs_keep_their_shape_at_any_number_of_ranks(ranks):
 
 def test_a_straggler_slows_its_rank_and_through_it_the_job():
     cfg = TrainConfig(ranks=4, incident="straggler", seed=3)
-    slow = straggler_rank(cfg)
+    slow = struck_rank(cfg)
     seconds, healthy = compute_seconds(cfg), compute_seconds(TrainConfig(ranks=4, seed=3))
     assert np.array_equal(seconds[:, :300], healthy[:, :300])
     assert np.allclose(seconds[slow, 300:], healthy[slow, 300:] / 0.7)
@@ -82,7 +83,7 @@ def test_one_rank_keeps_the_one_process_clock():
 
 def test_the_straggler_s_gpu_runs_hot_and_throttled():
     cfg = TrainConfig(ranks=4, incident="straggler", seed=3)
-    slow = straggler_rank(cfg)
+    slow = struck_rank(cfg)
     before, after = gpu_state(cfg, slow, 299), gpu_state(cfg, slow, 300)
     assert before.sm_clock_mhz == NOMINAL_SM_MHZ and after.sm_clock_mhz == NOMINAL_SM_MHZ * 0.7
     assert before.temp_c < 70 < 85 < after.temp_c and after.power_w < before.power_w
@@ -118,9 +119,13 @@ def test_bad_cluster_flags_are_one_line_errors(tmp_path, args, flag):
 # --- live, over MPI ---
 
 
+# a live run of id rk, on any free ports
+LIVE = [sys.executable, "-m", "runwatch", "train", "--port", "0", "--rank-port-base", "0", "--launcher-port", "0",
+        "--run-id", "rk"]  # fmt: skip
+
+
 def live(tmp_path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "runwatch", "train", "--port", "0", "--rank-port-base", "0", "--run-id", "rk",
-            "--run-dir", str(tmp_path / "run"), *args]  # fmt: skip
+    argv = [*LIVE, "--run-dir", str(tmp_path / "run"), *args]
     return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
 
@@ -145,8 +150,7 @@ def test_the_live_ranks_wait_for_the_straggler(tmp_path):
     0.1 s, 1/0.7 of it on the straggler, jitter 2% (6% at three sigmas)."""
     cfg = TrainConfig(ranks=4, incident="straggler", onset=10, steps=40, step_seconds=0.1, run_id="rk")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runwatch", "train", "--port", "0", "--rank-port-base", "0", "--run-id", "rk",
-         "--run-dir", str(tmp_path / "run"), "--ranks", "4", "--incident", "straggler", "--onset", "10",
+        [*LIVE, "--run-dir", str(tmp_path / "run"), "--ranks", "4", "--incident", "straggler", "--onset", "10",
          "--steps", "40", "--step-seconds", "0.1", "--hold", "30"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -163,7 +167,7 @@ def test_the_live_ranks_wait_for_the_straggler(tmp_path):
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
-    slow = straggler_rank(cfg)
+    slow = struck_rank(cfg)
     compute = {r: m["runwatch_rank_compute_seconds_total"] for r, m in metrics.items()}
     wait = {r: m["runwatch_rank_collective_wait_seconds_total"] for r, m in metrics.items()}
     assert all(m["runwatch_rank_collective_seq"] == 40 and m["runwatch_rank_step"] == 39 for m in metrics.values())
@@ -194,8 +198,7 @@ def test_ctrl_c_stops_every_rank_and_leaves_none_behind(tmp_path):
     an exchange), run.json says interrupted, and no process of the run is left: followed through
     the launcher's own descendants, never a machine-wide search."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runwatch", "train", "--port", "0", "--rank-port-base", "0", "--run-id", "rk",
-         "--run-dir", str(tmp_path / "run"), "--ranks", "4", "--steps", "600", "--onset", "5",
+        [*LIVE, "--run-dir", str(tmp_path / "run"), "--ranks", "4", "--steps", "600", "--onset", "5",
          "--incident", "straggler", "--step-seconds", "0.2"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
@@ -221,8 +224,7 @@ def test_a_live_straggler_pages_naming_its_rank_and_its_gpu(tmp_path):
     onset (once 10 are in the window), then `for: 5s`."""
     cfg = TrainConfig(ranks=4, incident="straggler", onset=5, steps=120, run_id="rk")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runwatch", "train", "--port", "0", "--rank-port-base", "0", "--run-id", "rk",
-         "--run-dir", str(tmp_path / "run"), "--ranks", "4", "--incident", "straggler", "--onset", "5",
+        [*LIVE, "--run-dir", str(tmp_path / "run"), "--ranks", "4", "--incident", "straggler", "--onset", "5",
          "--steps", "120"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -248,7 +250,7 @@ def test_a_live_straggler_pages_naming_its_rank_and_its_gpu(tmp_path):
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
-    slow = straggler_rank(cfg)
+    slow = struck_rank(cfg)
     [straggler] = firing["StragglerRank"]
     assert (straggler["rank"], straggler["node"], straggler["run_id"]) == (str(slow), node_of(cfg, slow), "rk")
     [gpu] = firing["GPUThermalThrottle"]
@@ -278,3 +280,108 @@ def test_a_busy_rank_port_is_refused_before_any_rank_starts(tmp_path):
                        "--onset", "1", "--run-dir", "run", cwd=tmp_path)  # fmt: skip
     assert res.returncode == 2
     assert res.stderr.strip() == f"runwatch train: --rank-port-base: port {port} is already in use on this machine"
+
+
+def read_until(proc: subprocess.Popen, done: str, seen: list[str]) -> None:
+    """Read the launcher's output into `seen`, up to the next line containing `done`."""
+    while True:
+        line = proc.stdout.readline()
+        assert line, "".join(seen) + proc.stderr.read()
+        seen.append(line)
+        if done in line:
+            return
+
+
+def test_a_crash_restarts_the_job_from_its_checkpoint_and_counts_the_steps_lost(tmp_path):
+    """Rank 1's GPU falls off the bus at step 72 of seed 2; mpiexec ends both ranks, and the
+    launcher restarts them from the checkpoint of step 49: 22 steps lost. The restarted job ends
+    where an uninterrupted one does, bit for bit."""
+    cfg = TrainConfig(ranks=2, incident="rank_crash", seed=2, onset=50, steps=100, run_id="rk")
+    assert (fault_of(cfg).step, fault_of(cfg).rank) == (72, 1)
+    proc = subprocess.Popen(
+        [*LIVE, "--run-dir", str(tmp_path / "run"), "--ranks", "2", "--incident", "rank_crash",
+         "--seed", "2", "--onset", "50", "--steps", "100", "--step-seconds", "0.02", "--restart-seconds", "0.5",
+         "--hold", "30"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: list[str] = []
+    try:
+        read_until(proc, "run rk: completed", seen)
+        launcher = re.search(r"run rk launcher: serving (\S+)", "".join(seen))[1]
+        job = scrape(launcher)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    out = "".join(seen)
+    assert "rank 1: Xid 79: GPU has fallen off the bus" in out
+    assert ("run rk: the job stopped after step 71 (a rank failed, exit status 1); restarting from the checkpoint "
+            "of step 49 in 0.5 s, 22 steps lost") in out  # fmt: skip
+    assert (job["runwatch_job_restarts_total"], job["runwatch_job_lost_steps_total"]) == (1, 22)
+    assert 0 < job["runwatch_job_ettr"] < 1
+    saved = np.load(tmp_path / "run" / "checkpoints" / "checkpoint-000099.npz")
+    offline = Trainer(cfg)
+    offline.run()
+    assert np.array_equal(saved["w"], offline.w) and np.array_equal(saved["b"], offline.b)
+
+
+def test_a_hang_pages_names_its_rank_and_the_watchdog_restarts_the_job(tmp_path):
+    """Rank 1 of seed 2 hangs before step 72's exchange. A real Prometheus with cluster.yml scrapes
+    both ranks and the launcher: TrainingStalled fires once no step has finished for 10 s, the
+    flight recorder names rank 1, the ranks' 14 s watchdog ends the job, and JobRestarted fires
+    with the 22 steps lost."""
+    cfg = TrainConfig(ranks=2, incident="hang", seed=2, onset=50, steps=100, run_id="rk")
+    assert (fault_of(cfg).step, fault_of(cfg).rank) == (72, 1)
+    proc = subprocess.Popen(
+        [*LIVE, "--run-dir", str(tmp_path / "run"), "--ranks", "2", "--incident", "hang", "--seed", "2",
+         "--onset", "50", "--steps", "100", "--step-seconds", "0.1", "--watchdog-seconds", "14",
+         "--restart-seconds", "1", "--hold", "30"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: list[str] = []
+    try:
+        targets: dict[int, str] = {}
+        while len(targets) < 2:
+            read_until(proc, "serving", seen)
+            m = re.match(r"run rk rank (\d): serving http://([0-9.:]+)/metrics$", seen[-1])
+            if m and int(m[1]) not in targets:  # a rank's own server is the first it names
+                targets[int(m[1])] = m[2]
+        launcher = re.search(r"run rk launcher: serving http://([0-9.:]+)/metrics", "".join(seen))[1]
+        groups = [
+            {"targets": [t], "labels": {"run_id": "rk", "rank": str(r), "node": "node0"}} for r, t in targets.items()
+        ]
+        port = free_port()
+        (tmp_path / "prometheus.yml").write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"rule_files: [{REPO / 'prometheus' / 'rules' / 'cluster.yml'}]\n"
+            f"scrape_configs: [{{job_name: ranks, honor_labels: true, static_configs: {json.dumps(groups)}}},"
+            f" {{job_name: launcher, static_configs: [{{targets: ['{launcher}']}}]}}]\n"
+        )
+        argv = [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--web.listen-address=127.0.0.1:{port}", f"--storage.tsdb.path={tmp_path / 'data'}"]  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        with Process(argv, f"{base}/-/ready", tmp_path / "prometheus.log"):
+            # the hang at 7.2 s of steps, then 10 s without a step and an evaluation
+            [stalled] = wait_for(lambda: names_firing(port, {"TrainingStalled"}), 60, "TrainingStalled")[
+                "TrainingStalled"
+            ]
+            assert stalled["run_id"] == "rk" and "JobRestarted" not in names_firing(port, set())
+            recorder = runwatch("flight-recorder", "--run", "rk", "--prometheus", base, "--state-dir", str(tmp_path),
+                                cwd=tmp_path)  # fmt: skip
+            # the watchdog: 14 s after the ranks entered the exchange
+            wait_for(lambda: names_firing(port, {"JobRestarted"}), 60, "JobRestarted")
+            [lost] = instant(base, 'runwatch_job_lost_steps_total{run_id="rk"}')
+            read_until(proc, "run rk: completed", seen)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    assert recorder.returncode == 0, recorder.stderr
+    assert "rank 1 on node0 has not entered collective 73 (its last is 72): ranks 0 are waiting for it there" in (
+        recorder.stdout
+    )
+    assert float(lost["value"][1]) == 22
+    out = "".join(seen)
+    assert "rank 1: hung before collective 73" in out and "watchdog: collective 73 did not complete in 14 s" in out
+    saved = np.load(tmp_path / "run" / "checkpoints" / "checkpoint-000099.npz")
+    offline = Trainer(cfg)
+    offline.run()
+    assert np.array_equal(saved["w"], offline.w) and np.array_equal(saved["b"], offline.b)

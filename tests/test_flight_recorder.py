@@ -36,20 +36,22 @@ def scraped(base: str, seqs: list[int]) -> bool:
 def test_it_names_the_rank_the_others_wait_for_and_none_once_they_are_level(four_ranks, tmp_path):
     metrics, base = four_ranks
     for r, m in enumerate(metrics):  # rank 1 never reached its 41st collective
-        m.observe(step=40 if r != 1 else 39, compute=1.0, wait=0.0, step_seconds=1.0, seq=41 if r != 1 else 40)
+        m.observe(step=39, compute=1.0, wait=0.0, step_seconds=1.0)
+        m.entered(41 if r != 1 else 40)
     wait_for(lambda: scraped(base, [41, 40, 41, 41]), 30, "the ranks to be scraped")
     res = runwatch("flight-recorder", "--run", "rk", "--prometheus", base, "--state-dir", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "run rk: 4 ranks" in res.stdout
-    assert ("rank 1 on node0 has completed collective 40, behind 41: ranks 0, 2, 3 are waiting for it in "
-            "collective 41") in res.stdout  # fmt: skip
-    assert res.stdout.count("behind") == 1
+    assert "rank 1 on node0 has not entered collective 41 (its last is 40): ranks 0, 2, 3 are waiting for it there" in (
+        res.stdout
+    )
+    assert res.stdout.count("has not entered") == 1
     # rank 1 catches up; the run is found by itself, the newest with ranks
-    metrics[1].observe(step=40, compute=1.0, wait=0.0, step_seconds=1.0, seq=41)
+    metrics[1].entered(41)
     wait_for(lambda: scraped(base, [41, 41, 41, 41]), 30, "rank 1's catching up to be scraped")
     res = runwatch("flight-recorder", "--prometheus", base, "--state-dir", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "run rk: 4 ranks" in res.stdout and "all 4 ranks have completed collective 41: none lags" in res.stdout
+    assert "run rk: 4 ranks" in res.stdout and "all 4 ranks have entered collective 41: none lags" in res.stdout
 
 
 def test_errors_name_the_flag(four_ranks, tmp_path):

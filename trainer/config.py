@@ -18,8 +18,10 @@ import random
 from dataclasses import dataclass
 
 INCIDENTS = ("none", "lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
-# Incidents of a cluster: one rank among several goes wrong (trainer.cluster).
-CLUSTER_INCIDENTS = ("straggler",)
+# Incidents of a cluster: one rank among several goes wrong (trainer.rank, trainer.faults).
+CLUSTER_INCIDENTS = ("straggler", "hang", "rank_crash", "ecc")
+# Of those, the faults that strike at one step and make the job restart (trainer.faults).
+FAULTS = ("hang", "rank_crash", "ecc")
 MAX_RANKS = 16  # 2 cores here: 8 ranks already share each core four ways
 
 
@@ -113,6 +115,16 @@ class TrainConfig:
     # straggler: the rank's GPU overheats and throttles its SM clock to this fraction of nominal,
     # so the rank computes 1/0.7 slower from the onset and every rank waits for it.
     straggler_clock: float = 0.7
+    # hang: each rank's watchdog aborts the job after this long in one gradient exchange.
+    # PyTorch's NCCL default is 10 minutes, a few hundred steps of a large model; here a step is
+    # one lab second, and 60 s leaves TrainingStalled (10 s) time to page and the learner time to
+    # run the flight recorder before the teardown, while no healthy step (1.43 s at most, a
+    # straggler's) comes near it.
+    watchdog_seconds: float = 60.0
+    # After a teardown the launcher waits this long before it restarts every rank from the last
+    # checkpoint: a spare node to replace the failed one, and the job's start-up. Meta measures
+    # 5 to 20 minutes for a large job; 30 lab seconds is long enough that RankDown (10 s) pages.
+    restart_seconds: float = 30.0
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field a run cannot use."""
@@ -131,6 +143,9 @@ class TrainConfig:
             raise ConfigError("ranks_per_node", f"must be positive, got {self.ranks_per_node}")
         if self.collective_seconds < 0:
             raise ConfigError("collective_seconds", f"must not be negative, got {self.collective_seconds}")
+        for name in ("watchdog_seconds", "restart_seconds"):
+            if not 0 < getattr(self, name) <= 3600:
+                raise ConfigError(name, f"must be in (0, 3600] seconds, got {getattr(self, name)}")
         if not 0 < self.straggler_clock <= 1:
             raise ConfigError("straggler_clock", f"must be in (0, 1], got {self.straggler_clock}")
         if not 0 < self.lr <= MAX_LR:  # NaN and inf fail too

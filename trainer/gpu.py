@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.config import TrainConfig
-from trainer.run import straggler_rank
+from trainer.run import struck_rank
 
 # An H100 SXM: 1980 MHz boost clock, 80 GB of memory, 700 W board power.
 NOMINAL_SM_MHZ = 1980.0
@@ -51,14 +51,14 @@ def gpu_uuid(cfg: TrainConfig, rank: int) -> str:
 
 
 def throttled(cfg: TrainConfig, rank: int, step: int) -> bool:
-    return cfg.incident == "straggler" and rank == straggler_rank(cfg) and step >= cfg.onset
+    return cfg.incident == "straggler" and rank == struck_rank(cfg) and step >= cfg.onset
 
 
-def gpu_state(cfg: TrainConfig, rank: int, step: int) -> GpuState:
-    """The rank's GPU as it finishes this step."""
+def gpu_state(cfg: TrainConfig, rank: int, step: int, xid: int = 0) -> GpuState:
+    """The rank's GPU as it finishes this step, with the last XID it reported (trainer.faults)."""
     noise = np.random.default_rng([cfg.seed, _STREAM, rank, step]).normal(size=2)
     hot = throttled(cfg, rank, step)
     clock = NOMINAL_SM_MHZ * (cfg.straggler_clock if hot else 1.0)
     temp = (THROTTLED_TEMP_C if hot else HEALTHY_TEMP_C) + float(noise[0])
     power = LOAD_POWER_W * clock / NOMINAL_SM_MHZ + 5.0 * float(noise[1])
-    return GpuState(round(temp, 1), clock, round(power, 1), FB_USED_MIB, 0)
+    return GpuState(round(temp, 1), clock, round(power, 1), FB_USED_MIB, xid)

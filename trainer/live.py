@@ -33,7 +33,7 @@ def log_line(rec: StepRecord, tokens_per_second: float) -> str:
     )
 
 
-def _now() -> str:
+def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
@@ -56,7 +56,7 @@ class RunRecord:
             "config": json.loads(public_cfg.to_json()),
             "run_id": cfg.label,
             "status": "running",
-            "started_at": _now(),
+            "started_at": utc_now(),
             "ended_at": None,
             "last_step": None,
         }
@@ -81,8 +81,8 @@ def run_live(
 ) -> str:
     """Train every step of cfg paced, publishing to metrics; return the final status.
 
-    The status is "completed", or "interrupted" when stop is set or Ctrl-C arrives. Either way
-    run.json is rewritten whole with the last step. `trainer` resumes a run (from a checkpoint);
+    The status is "completed", "interrupted" when stop is set or Ctrl-C arrives, or why the trainer
+    halted. run.json is rewritten whole after every live step. `trainer` resumes a run (from a checkpoint);
     with `checkpoints`, the state is saved there every cfg.checkpoint_every steps. With `scraped`,
     the first live step waits until it is set (Prometheus has scraped the exporter once), so a
     Prometheus that starts late still sees every live step and the baselines fill before the onset.
@@ -90,7 +90,7 @@ def run_live(
     stop = stop or threading.Event()
     trainer = trainer or Trainer(cfg)
     last = None
-    record.save()
+    record.save(lab_time=trainer.lab_time)
     try:
         # --- fast-forward: unpaced, unpublished, but its tokens still count ---
         while trainer.next_step < min(fast_forward, cfg.steps):
@@ -98,31 +98,38 @@ def run_live(
             metrics.add_tokens(last.tokens)
         if last is not None:
             log(f"fast-forwarded to step {trainer.next_step} (no Prometheus history before it)")
-        # --- wait for Prometheus: steps it never scrapes would be missing from every baseline ---
-        if scraped is not None and not scraped.is_set():
-            log("waiting for Prometheus's first scrape before the first live step")
-            while not scraped.wait(0.1) and not stop.is_set():
-                pass
+        _wait_for_scrape(scraped, stop, log)
         # --- live: one step per lab second, published as it completes ---
-        while not trainer.done and not stop.is_set():
+        record.save(live_since=time.time(), live_lab_time=trainer.lab_time)
+        while not trainer.done and not stop.is_set() and not trainer.halted:
             t0 = clock()
             rec = trainer.step()
             remaining = rec.duration_seconds - (clock() - t0)
             if remaining > 0:
                 sleep(remaining)
-            wall = clock() - t0
-            tps = rec.tokens / wall
+            tps = rec.tokens / (wall := clock() - t0)
             metrics.observe(rec, tps, wall_seconds=wall)
             last = rec
             if checkpoints is not None and (rec.step + 1) % cfg.checkpoint_every == 0:
                 trainer.save_checkpoint(checkpoints)
                 metrics.checkpoint(rec.step)
+            # how far the run got, always: a launcher restarting a cluster job reads it
+            record.save(last_step=rec.step, lab_time=trainer.lab_time)
             if rec.step % LOG_EVERY == 0:
                 log(log_line(rec, tps))
-        status = "completed" if trainer.done else "interrupted"
+        status = "completed" if trainer.done else trainer.halted or "interrupted"
         if trainer.done:
             metrics.finish()
     except KeyboardInterrupt:
         status = "interrupted"
-    record.save(status=status, ended_at=_now(), last_step=None if last is None else last.step)
+    record.save(status=status, ended_at=utc_now(), last_step=None if last is None else last.step)
     return status
+
+
+def _wait_for_scrape(scraped: threading.Event | None, stop: threading.Event, log: Callable[[str], None]) -> None:
+    """Hold the first live step until Prometheus has scraped once: steps it never scrapes would be
+    missing from every baseline."""
+    if scraped is not None and not scraped.is_set():
+        log("waiting for Prometheus's first scrape before the first live step")
+        while not scraped.wait(0.1) and not stop.is_set():
+            pass

@@ -26,6 +26,7 @@ from typing import TextIO
 from exporter import metrics as m
 from exporter import rank_metrics as rm
 from trainer.config import TrainConfig
+from trainer.faults import Sample, attempts, fault_of, lost_steps, schedule
 from trainer.gpu import gpu_index, gpu_state, gpu_uuid, node_of
 from trainer.record import StepRecord, activation_norms
 from trainer.run import Trainer, compute_seconds
@@ -48,12 +49,36 @@ class OfflineRun:
         return f'job="trainer",instance="offline/{self.cfg.label}",run_id="{self.cfg.label}"'
 
     def step_time(self, i: int) -> float:
-        """Unix time at which step i ends on the lab clock (its sample's stamp, unless shifted)."""
+        """Unix time at which step i ends on the lab clock, if no fault stopped the job before it."""
         return self.start + self.records[i].lab_time
 
+    @functools.cached_property
+    def samples(self) -> list[Sample] | None:
+        """A run with a fault (trainer.faults): every scrape, through its stall, teardown and
+        restart. None for any other run: one sample as each step ends."""
+        if fault_of(self.cfg) is None:
+            return None
+        return schedule(self.cfg, [r.lab_time for r in self.records], compute_seconds(self.cfg))
+
+    def end_time(self) -> float:
+        """Unix time of the run's last sample (its last step's end, on the lab clock)."""
+        return self.start + (self.records[-1].lab_time if self.samples is None else self.samples[-1].t)
+
+    def fault_time(self) -> float | None:
+        """Unix time, as stamped, at which the run's fault struck: the end of the last step before
+        a hang or crash, the end of the step whose GPU reported an ECC error. None: no fault."""
+        fault = fault_of(self.cfg)
+        if fault is None:
+            return None
+        step = fault.step if fault.kind == "ecc" else fault.step - 1
+        return self.step_time(step) - self.shift_ms / 1000
+
     def stamps(self) -> list[str]:
-        """Each step's sample timestamp as written: seconds with millisecond precision."""
-        stamps = [f"{self.step_time(i):.3f}" for i in range(len(self.records))]
+        """Each sample's timestamp as written: seconds with millisecond precision."""
+        if self.samples is None:
+            stamps = [f"{self.step_time(i):.3f}" for i in range(len(self.records))]
+        else:
+            stamps = [f"{self.start + s.t:.3f}" for s in self.samples]
         if self.shift_ms:
             ms = [int(s.replace(".", "")) - self.shift_ms for s in stamps]  # exact, in integers
             stamps = [f"{t // 1000}.{t % 1000:03d}" for t in ms]
@@ -90,7 +115,7 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Callable[
     fam[m.RUN_INFO] = ("gauge", f'{run.labels},seed="{cfg.seed}",incident="{info_incident}"', lambda: [1.0] * n)
     fam[m.RUN_START] = ("gauge", run.labels, lambda: [run.start] * n)
     # the live exporter says when a run ended once it has: here, at its last step only
-    fam[m.RUN_END] = ("gauge", run.labels, lambda: [math.nan] * (n - 1) + [run.step_time(n - 1)])
+    fam[m.RUN_END] = ("gauge", run.labels, lambda: [math.nan] * (n - 1) + [run.end_time()])
     fam[m.LOGIT_NORM_MEAN] = ("gauge", run.labels, lambda: norms()[0])
     fam[m.LOGIT_NORM_MAX] = ("gauge", run.labels, lambda: norms()[1])
     fam[m.WEIGHT_NORM] = ("gauge", run.labels, lambda: [r.weight_norm for r in recs])
@@ -101,6 +126,9 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Callable[
     if not cfg.drill:
         fam[m.LEARNING_RATE] = ("gauge", run.labels, lambda: [r.lr for r in recs])
         fam[m.INCIDENT_ACTIVE] = ("gauge", run.labels, lambda: [1.0 if r.incident_active else 0.0 for r in recs])
+    if run.samples is not None:  # rank 0 serves these: not while the job is down
+        fam = {name: (kind, labels, _scraped(run, values)) for name, (kind, labels, values) in fam.items()}
+        fam["up"] = ("gauge", fam["up"][1], lambda: [0.0 if s.state == "down" else 1.0 for s in run.samples])
     out = {name: (kind, [(labels, values)]) for name, (kind, labels, values) in fam.items()}
     if cfg.ranks > 1:
         for name, (kind, series) in _rank_families(run).items():
@@ -108,17 +136,40 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Callable[
     return out
 
 
+def _scraped(run: OfflineRun, values: Callable[[], list[float]]) -> Callable[[], list[float]]:
+    """A series of one value per step, as the scrapes of a run with a fault saw it: the step's
+    value as it ends, the last one while the job stalls, none (NaN) while it is down."""
+
+    def seen() -> list[float]:
+        per_step = values()
+        return [math.nan if s.state == "down" else per_step[s.step] for s in run.samples or ()]
+
+    return values if run.samples is None else seen
+
+
 def _rank_families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Callable[[], list[float]]]]]]:
-    """What each rank's exporter serves (exporter.rank_metrics), on the lab clock: each rank
-    computes for its own device time; the exchange starts when the slowest arrives and takes
-    collective_seconds, so a rank waits the step's duration less its own compute."""
-    cfg, recs = run.cfg, run.records
+    """What each rank's exporter serves (exporter.rank_metrics), and the launcher's, on the lab
+    clock: each rank computes for its own device time; the exchange starts when the slowest
+    arrives and takes collective_seconds, so a rank waits the step's duration less its own
+    compute. A fault's stall, teardown and restart are as trainer.faults schedules them."""
+    cfg, recs, samples = run.cfg, run.records, run.samples
     compute = functools.cache(lambda: compute_seconds(cfg)[:, : len(recs)])
     steps = [r.duration_seconds for r in recs]
+    fault = fault_of(cfg)
+    # (state, step, attempt) of every sample: a run without a fault has one per step
+    seen = samples or [Sample(r.lab_time, i, 0, "step") for i, r in enumerate(recs)]
+    stamps = functools.cache(lambda: [float(t) for t in run.stamps()])
     fam: dict[str, tuple[str, list[tuple[str, Callable[[], list[float]]]]]] = {}
 
-    def add(name: str, kind: str, labels: str, values: Callable[[], list[float]]) -> None:
-        fam.setdefault(name, (kind, []))[1].append((labels, values))
+    def add(name: str, kind: str, labels: str, values: Callable[[], list[float]], scraped: bool = True) -> None:
+        fam.setdefault(name, (kind, []))[1].append((labels, _scraped(run, values) if scraped else values))
+
+    def finished() -> list[float]:  # when the step each sample shows finished: the last step sample's stamp
+        out, last = [], math.nan
+        for s, t in zip(seen, stamps(), strict=True):
+            last = t if s.state == "step" else last
+            out.append(math.nan if s.state == "down" else last)
+        return out
 
     for rank in range(cfg.ranks):
         target = f'job="ranks",instance="offline/{cfg.label}/rank{rank}"'
@@ -127,18 +178,68 @@ def _rank_families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Call
         own = functools.cache(lambda rank=rank: compute()[rank].tolist())
         waits = functools.cache(lambda own=own: [d - c for d, c in zip(steps, own(), strict=True)])
         states = functools.cache(lambda rank=rank: [gpu_state(cfg, rank, s) for s in range(len(recs))])
-        add("up", "gauge", target, lambda: [1.0] * len(recs))
+        # as the lab labels its rank targets (runwatch.lab): so that an alert on `up` names the rank
+        add("up", "gauge", labels, lambda: [0.0 if s.state == "down" else 1.0 for s in seen], scraped=False)
         add(rm.RANK_STEP, "gauge", labels, lambda: [float(r.step) for r in recs])
         add(rm.RANK_COMPUTE_SECONDS, "gauge", labels, own)
         add(rm.RANK_WAIT_SECONDS, "gauge", labels, waits)
         add(rm.RANK_STEP_SECONDS, "gauge", labels, lambda: list(steps))
-        add(rm.RANK_COLLECTIVE_SEQ, "gauge", labels, lambda: [float(r.step + 1) for r in recs])
+        add(rm.RANK_LAST_STEP_TIME, "gauge", labels, finished, scraped=False)
+        add(rm.RANK_COLLECTIVE_SEQ, "gauge", labels, lambda rank=rank: _entered(seen, fault, rank), scraped=False)
         add(rm.RANK_COMPUTE_TOTAL, "counter", labels, lambda own=own: cumulative(own()))
         add(rm.RANK_WAIT_TOTAL, "counter", labels, lambda waits=waits: cumulative(waits()))
         for name, field in ((rm.GPU_TEMP, "temp_c"), (rm.GPU_SM_CLOCK, "sm_clock_mhz"), (rm.GPU_POWER, "power_w"),
-                            (rm.GPU_FB_USED, "fb_used_mib"), (rm.GPU_XID, "xid")):  # fmt: skip
+                            (rm.GPU_FB_USED, "fb_used_mib")):  # fmt: skip
             add(name, "gauge", gpu, lambda states=states, field=field: [float(getattr(g, field)) for g in states()])
+        add(rm.GPU_XID, "gauge", gpu, lambda rank=rank: _xids(seen, fault, rank), scraped=False)
+    launcher = f'job="launcher",instance="offline/{cfg.label}/launcher",run_id="{cfg.label}"'
+    job = functools.cache(lambda: _launcher(run, seen))
+    for i, name in enumerate((rm.JOB_RESTARTS, rm.JOB_LOST_STEPS, rm.JOB_ETTR)):
+        add(name, "gauge" if name == rm.JOB_ETTR else "counter", launcher, lambda i=i: job()[i], scraped=False)
     return fam
+
+
+def _entered(seen: list[Sample], fault, rank: int) -> list[float]:
+    """The rank's collective sequence number: step s enters collective s+1. While a hang or a
+    crash stalls the job, the others have entered the next collective and the struck rank has not."""
+    out = []
+    for s in seen:
+        ahead = s.state == "stall" and rank != fault.rank
+        out.append(math.nan if s.state == "down" else float(s.step + 1 + ahead))
+    return out
+
+
+def _xids(seen: list[Sample], fault, rank: int) -> list[float]:
+    """The last XID of the rank's GPU: a crash's from its strike until the process exits, an ECC
+    error's from its step until the drain. The restarted job runs on a healthy spare."""
+    out = []
+    for s in seen:
+        struck = fault is not None and rank == fault.rank and s.attempt == 0
+        if fault is not None and fault.kind == "rank_crash":
+            struck = struck and s.state == "stall"
+        elif fault is not None:
+            struck = struck and s.step >= fault.step
+        out.append(math.nan if s.state == "down" else float(fault.xid if struck else 0))
+    return out
+
+
+def _launcher(run: OfflineRun, seen: list[Sample]) -> tuple[list[float], list[float], list[float]]:
+    """The launcher's restarts, lost steps and ETTR at each sample. A restart counts from the
+    teardown; ETTR is the lab time of the steps the run keeps over the lab time so far."""
+    recs = run.records
+    runs = attempts(run.cfg, [r.lab_time for r in recs], compute_seconds(run.cfg)) if run.samples else []
+    restarts, lost, ettr = [], [], []
+    for s in seen:
+        done = s.attempt + (s.state == "down")  # attempts torn down by now
+        restarts.append(float(done))
+        lost.append(float(lost_steps(runs[: done + 1])))
+        if s.state == "down":  # the steps since the checkpoint are lost
+            first = runs[s.attempt + 1].first
+            kept = recs[first - 1].lab_time if first else 0.0
+        else:
+            kept = recs[s.step].lab_time
+        ettr.append(kept / s.t)
+    return restarts, lost, ettr
 
 
 FAMILIES = (
@@ -147,7 +248,8 @@ FAMILIES = (
     m.LOGIT_NORM_MEAN, m.LOGIT_NORM_MAX, m.WEIGHT_NORM, m.EXPECTED_LOSS, m.LOSS_SCALE, m.SKIPPED_STEPS,
     m.LEARNING_RATE, m.INCIDENT_ACTIVE,
     rm.RANK_STEP, rm.RANK_COMPUTE_SECONDS, rm.RANK_WAIT_SECONDS, rm.RANK_STEP_SECONDS, rm.RANK_COLLECTIVE_SEQ,
-    rm.RANK_COMPUTE_TOTAL, rm.RANK_WAIT_TOTAL, rm.GPU_TEMP, rm.GPU_SM_CLOCK, rm.GPU_POWER, rm.GPU_FB_USED, rm.GPU_XID,
+    rm.RANK_COMPUTE_TOTAL, rm.RANK_WAIT_TOTAL, rm.RANK_LAST_STEP_TIME, rm.GPU_TEMP, rm.GPU_SM_CLOCK, rm.GPU_POWER,
+    rm.GPU_FB_USED, rm.GPU_XID, rm.JOB_RESTARTS, rm.JOB_LOST_STEPS, rm.JOB_ETTR,
 )  # fmt: skip
 
 

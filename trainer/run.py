@@ -25,7 +25,7 @@ import numpy as np
 
 from runwatch.files import write_atomic
 from trainer import model, parallel
-from trainer.config import TrainConfig
+from trainer.config import FAULTS, TrainConfig
 from trainer.record import StepRecord
 from trainer.sealed import is_sealed, seal_text, unseal_text
 
@@ -43,7 +43,9 @@ _LENGTH = {"lr_spike": "lr_spike_steps", "corrupt_shard": "corrupt_steps", "repe
 
 
 def incident_active(cfg: TrainConfig, step: int) -> bool:
-    """Whether the configured incident acts on this step."""
+    """Whether the configured incident acts on this step (a fault: from its strike on)."""
+    if cfg.incident in FAULTS:
+        return step >= fault_step(cfg)
     field = _LENGTH.get(cfg.incident)
     return field is not None and cfg.onset <= step < cfg.onset + getattr(cfg, field)
 
@@ -54,9 +56,16 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
     return cfg.lr
 
 
-def straggler_rank(cfg: TrainConfig) -> int:
+def struck_rank(cfg: TrainConfig) -> int:
     """The rank a cluster incident strikes, drawn from the seed."""
     return int(_rng(cfg, _CLUSTER).integers(cfg.ranks))
+
+
+def fault_step(cfg: TrainConfig) -> int:
+    """The step a hang, crash or ECC error strikes (trainer.faults): 1 to checkpoint_every-1 steps
+    after the onset, drawn from the seed, so the steps a restart loses vary from run to run."""
+    offset = int(_rng(cfg, _CLUSTER, 1).integers(1, max(2, cfg.checkpoint_every)))
+    return min(cfg.onset + offset, cfg.steps - 1)
 
 
 def compute_seconds(cfg: TrainConfig) -> np.ndarray:
@@ -71,7 +80,7 @@ def compute_seconds(cfg: TrainConfig) -> np.ndarray:
     if cfg.incident == "slow_node":
         seconds[:, cfg.onset :] /= cfg.slow_factor
     if cfg.incident == "straggler":
-        seconds[straggler_rank(cfg), cfg.onset :] /= cfg.straggler_clock
+        seconds[struck_rank(cfg), cfg.onset :] /= cfg.straggler_clock
     return seconds
 
 
@@ -170,6 +179,10 @@ class Trainer:
     @property
     def done(self) -> bool:
         return self.next_step >= self.cfg.steps
+
+    # Why the run stops before its end, once it must ("drained": a rank of a cluster job whose
+    # node is taken out at this checkpoint, trainer.rank); None while it goes on.
+    halted: str | None = None
 
     def _forward_backward(self, x: np.ndarray, y: np.ndarray, scale: float):
         if self.cfg.precision == "fp16":
@@ -272,22 +285,34 @@ class Trainer:
             config = str(data["config"])
             if is_sealed(config):
                 config = json.dumps(unseal_text(config, str(path)))
-            trainer = cls(cfg := TrainConfig.from_json(config, source=str(path)))
-            trainer.w, trainer.b = data["w"].copy(), data["b"].copy()
-            shapes, fits = (trainer.w.shape, trainer.b.shape), ((cfg.features, cfg.classes), (cfg.classes,))
-            if shapes != fits:
-                raise ValueError(f"{path}: weights of shapes {shapes} do not fit its config's {fits}")
-            trainer.fit_losses = [float(v) for v in data["fit_losses"]]
-            trainer.fit = tuple(float(v) for v in data["fit"]) if len(data["fit"]) else None
-            step, lab, heldout, grad, scale, clean, skipped = data["scalars"].tolist()
-        trainer.next_step, trainer.lab_time, trainer.heldout_loss = int(step), lab, heldout
-        trainer.grad_norm, trainer.scale, trainer.clean_steps, trainer.skipped_steps = (
-            grad,
-            scale,
-            int(clean),
-            int(skipped),
-        )
+            trainer = cls(TrainConfig.from_json(config, source=str(path)))
+            trainer._restore(data, path)
         return trainer
+
+    @staticmethod
+    def position(path: Path) -> tuple[int, float]:
+        """(the last step a checkpoint holds, the lab time after it), without loading the run."""
+        with np.load(path, allow_pickle=False) as data:
+            step, lab = data["scalars"].tolist()[:2]
+        return int(step) - 1, lab
+
+    def restore(self, path: Path) -> None:
+        """Go back to the state saved at `path`, a checkpoint of this very run (a rank of a
+        restarted job, trainer.rank): the same series follow, bit for bit."""
+        with np.load(path, allow_pickle=False) as data:
+            self._restore(data, path)
+
+    def _restore(self, data, path: Path) -> None:
+        cfg = self.cfg
+        self.w, self.b = data["w"].copy(), data["b"].copy()
+        shapes, fits = (self.w.shape, self.b.shape), ((cfg.features, cfg.classes), (cfg.classes,))
+        if shapes != fits:
+            raise ValueError(f"{path}: weights of shapes {shapes} do not fit its config's {fits}")
+        self.fit_losses = [float(v) for v in data["fit_losses"]]
+        self.fit = tuple(float(v) for v in data["fit"]) if len(data["fit"]) else None
+        step, lab, heldout, grad, scale, clean, skipped = data["scalars"].tolist()
+        self.next_step, self.lab_time, self.heldout_loss = int(step), lab, heldout
+        self.grad_norm, self.scale, self.clean_steps, self.skipped_steps = grad, scale, int(clean), int(skipped)
 
     def retarget(self, cfg: TrainConfig) -> Trainer:
         """This trainer, going on under another config (a resumed run with a lower learning rate,
