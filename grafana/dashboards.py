@@ -22,7 +22,7 @@ from pathlib import Path
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries, trend
+from grafana_foundation_sdk.builders import heatmap, prometheus, stat, table, timeseries, trend
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
@@ -39,7 +39,7 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
-from runwatch.names import FIRST_FIRED, PLATE_ALERTS, url
+from runwatch.names import CLUSTER_ALERTS, FIRST_FIRED, PLATE_ALERTS, url
 
 OUT = Path(__file__).with_name("dashboards")
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="runwatch-prometheus")
@@ -435,6 +435,94 @@ def stability_panels() -> list[timeseries.Panel]:
     ]
 
 
+# A GPU's series carry dcgm-exporter's labels, not the run's: they are the run's through the
+# rank target that serves them (the same instance).
+OF_RUN = f"on (instance) group_left group by (instance) (runwatch_rank_step{{{RUN}}})"
+CLUSTER_ROW = "The cluster: ranks, GPUs, restarts (runs with --ranks)"
+
+
+def cluster_panels() -> list[db.Panel]:
+    """The cluster row: per-rank compute time as a heatmap (plate XV.3), step time, collective
+    wait and sequence numbers, each GPU's temperature and clock, and the launcher's restarts and
+    ETTR. Empty for a one-process run."""
+    return [*rank_panels(), *gpu_and_job_panels()]
+
+
+PER_RANK = "rank {{rank}}"
+
+
+def rank_panels() -> list[db.Panel]:
+    per_rank = PER_RANK
+    compute = (
+        heatmap.Panel()
+        .title("Compute time per rank")
+        .description(
+            "Plate XV.3: each row a rank, each cell its compute time in one step. A straggler is the one row "
+            "that turns hot while the others stay cool; on a slow node every row turns together."
+        )
+        .datasource(PROMETHEUS)
+        .calculate(False)
+        .unit("s")
+        .with_target(query(f"runwatch_rank_last_compute_seconds{{{RUN}}}", per_rank, "A"))
+        .height(8)
+        .span(12)
+    )
+    return [
+        compute,
+        series_panel("Step time per rank", "Seconds from a rank's step start to the end of its gradient exchange.")
+        .unit("s")
+        .with_target(query(f"runwatch_rank_last_step_seconds{{{RUN}}}", per_rank, "A"))
+        .span(6),
+        series_panel(
+            "Collective wait per rank",
+            "Seconds each rank waited in its last exchange for the slowest: large on the healthy ranks when one "
+            "straggles, near zero on the straggler itself.",
+        )
+        .unit("s")
+        .with_target(query(f"runwatch_rank_last_collective_wait_seconds{{{RUN}}}", per_rank, "A"))
+        .span(6),
+        series_panel(
+            "Collective sequence number",
+            "The last collective each rank entered (the flight recorder's collective_seq_id). In a hang, one "
+            "rank stays one behind while the others wait: `runwatch flight-recorder` names it.",
+        )
+        .with_target(query(f"runwatch_rank_collective_seq{{{RUN}}}", per_rank, "A"))
+        .span(6),
+        series_panel("Seconds since each rank's last step", "TrainingStalled pages past 10 s with every rank up.")
+        .unit("s")
+        .with_target(query(f"time() - runwatch_rank_last_step_timestamp_seconds{{{RUN}}}", per_rank, "A"))
+        .span(6),
+    ]
+
+
+def gpu_and_job_panels() -> list[db.Panel]:
+    return [
+        series_panel(
+            "GPU temperature",
+            "dcgm-exporter's DCGM_FI_DEV_GPU_TEMP of each rank's GPU. Throttling starts in the high 80s C.",
+        )
+        .unit("celsius")
+        .with_target(query(f"DCGM_FI_DEV_GPU_TEMP * {OF_RUN}", "{{Hostname}} gpu {{gpu}}", "A"))
+        .span(6),
+        series_panel("GPU SM clock", "DCGM_FI_DEV_SM_CLOCK: a thermally throttled GPU drops below 90% of its peak.")
+        .unit("rotmhz")
+        .with_target(query(f"DCGM_FI_DEV_SM_CLOCK * {OF_RUN}", "{{Hostname}} gpu {{gpu}}", "A"))
+        .span(6),
+        series_panel(
+            "Restarts, steps lost, ETTR",
+            "The launcher's: restarts from the last checkpoint, the steps trained again, and the effective "
+            "training time ratio (kept lab time over wall time; Llama 3 kept above 0.9).",
+        )
+        .with_target(query(f"runwatch_job_restarts_total{{{RUN}}}", "restarts", "A"))
+        .with_target(query(f"runwatch_job_lost_steps_total{{{RUN}}}", "steps lost", "B"))
+        .with_target(query(f"runwatch_job_ettr{{{RUN}}}", "ETTR", "C"))
+        .span(6),
+        series_panel("GPU XID errors", "DCGM_FI_DEV_XID_ERRORS: the last XID of each GPU (79, 48, 63), 0 for none.")
+        .with_target(query(f"DCGM_FI_DEV_XID_ERRORS * {OF_RUN}", "{{Hostname}} gpu {{gpu}}", "A"))
+        .span(6),
+    ]
+
+
 def watching_a_run() -> db.Dashboard:
     dash = (
         db.Dashboard("Watching a Run")
@@ -453,8 +541,11 @@ def watching_a_run() -> db.Dashboard:
     dash = dash.with_row(db.Row("Stability (Lesson 20): early warnings, in fp16 runs"))
     for panel in stability_panels():
         dash = dash.with_panel(panel)
+    dash = dash.with_row(db.Row(CLUSTER_ROW))
+    for panel in cluster_panels():
+        dash = dash.with_panel(panel)
     dash = dash.link(db.DashboardLink("runwatch machinery").url("/d/runwatch-machinery"))
-    for alert in (*ALERTS, "TrainerDown"):
+    for alert in (*ALERTS, "TrainerDown", *CLUSTER_ALERTS):
         dash = dash.link(db.DashboardLink(f"Runbook: {alert}").url(f"{RUNBOOKS}/{alert}.md").target_blank(True))
     return dash
 

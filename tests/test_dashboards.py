@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import struct
+import subprocess
 import time
 
 import pytest
@@ -20,10 +21,13 @@ from runwatch import dashboard_queries as dq
 from runwatch.names import FIRST_FIRED
 from runwatch.paths import REPO
 from runwatch.plate import collect, draw, windows
-from runwatch.promserver import instant
-from tests.conftest import runwatch, wait_for
+from runwatch.promserver import Process, free_port, instant
+from tests.conftest import need, runwatch, wait_for
 from tests.test_lab_e2e import ExtraTrainer
 from trainer.config import TrainConfig
+from trainer.faults import checkpoint_before, fault_of
+from trainer.gpu import gpu_index, node_of
+from trainer.offline import simulate, write_openmetrics
 from trainer.run import Trainer
 
 PROM = "http://127.0.0.1:9090"
@@ -109,14 +113,15 @@ def run_all(lab, path):
 
 
 # In a lab whose only incident is a corrupt shard, no run has fired these two: their table
-# columns are rightly empty. Every other query must return series.
+# columns are rightly empty, as is the cluster row for a run of one process (its queries are
+# run against a cluster run below). Every other query must return series.
 EMPTY_HERE = {("Readouts of every run", "C"), ("Readouts of every run", "D"), ("Run", "C")}  # C: the run ended
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_every_query_is_accepted_and_returns_series(incident, path):
     for (kind, title, ref), (q, result) in run_all(incident, path).items():
-        if (title, ref) in EMPTY_HERE:
+        if (title, ref) in EMPTY_HERE or title in CLUSTER_TITLES:
             assert result == [], f"{title!r} {ref} should be empty here: {q.expr}"
         else:
             assert result, f"{kind} {title!r} {ref} returned nothing: {q.expr}"
@@ -345,3 +350,52 @@ def test_plate_command_line(incident, tmp_path):
     assert res.returncode == 2 and "--out" in res.stderr
     res = runwatch("plate", "--prometheus", "http://127.0.0.1:1", "--out", str(tmp_path / "p.png"), cwd=tmp_path)
     assert res.returncode == 2 and "--prometheus" in res.stderr
+
+
+CLUSTER_TITLES = {p.build().title for p in generator().cluster_panels()}
+
+
+@pytest.fixture(scope="module")
+def crashed_cluster(tmp_path_factory):
+    """A 4-rank run whose rank's GPU falls off the bus, written offline as the backtest writes it
+    (every rank's series, its GPU's and the launcher's, through the teardown and the restart),
+    backfilled with promtool and served by a real Prometheus."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    cfg = TrainConfig(ranks=4, incident="rank_crash", seed=101, onset=60, steps=160)
+    run = simulate(cfg)
+    with open(tmp / "run.om", "w") as fh:
+        write_openmetrics([run], fh)
+    res = subprocess.run([need("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(tmp / "run.om"),
+                          str(tmp / "data")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    port = free_port()
+    (tmp / "prometheus.yml").write_text("global: {}\n")
+    argv = [need("prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+            "--storage.tsdb.retention.time=100y", f"--web.listen-address=127.0.0.1:{port}",
+            "--query.lookback-delta=3s"]  # fmt: skip
+    with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp / "prometheus.log"):
+        yield cfg, run, f"http://127.0.0.1:{port}"
+
+
+def test_the_cluster_row_reads_every_rank_gpu_and_restart(crashed_cluster):
+    """Every query of the cluster row returns series for a cluster run, each rank's or GPU's
+    apart, and says what happened: one restart, the steps it lost, the XID that caused it."""
+    cfg, run, base = crashed_cluster
+    fault = fault_of(cfg)
+    results = {
+        (q.title, q.ref): dq.run(base, q, {"run": cfg.label}, run.start, run.end_time())
+        for q in dq.queries(dq.load(DASHBOARDS / "watching-a-run.json"))
+        if q.title in CLUSTER_TITLES
+    }
+    assert {t for t, _ in results} == CLUSTER_TITLES
+    for (title, ref), series in results.items():
+        assert series, (title, ref)
+        if title not in ("Restarts, steps lost, ETTR",):
+            assert len(series) == 4, (title, [s["metric"] for s in series])  # one a rank, or a GPU
+    last = {ref: float(s[0]["values"][-1][1]) for (t, ref), s in results.items() if t == "Restarts, steps lost, ETTR"}
+    assert last["A"] == 1 and last["B"] == fault.step - (checkpoint_before(cfg, fault.step - 1) + 1)
+    assert 0 < last["C"] < 1
+    xids = {s["metric"]["Hostname"] + "/" + s["metric"]["gpu"]: {float(v) for _, v in s["values"]}
+            for s in results[("GPU XID errors", "A")]}  # fmt: skip
+    struck = f"{node_of(cfg, fault.rank)}/{gpu_index(cfg, fault.rank)}"
+    assert xids[struck] == {0.0, 79.0} and all(v == {0.0} for k, v in xids.items() if k != struck)
