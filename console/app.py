@@ -36,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 
 from console.sources import ALERT_NAME, Sources, UnavailableError
 from runwatch.command import UsageError
-from trainer.config import INCIDENTS  # what a diagnosis may name, as runwatch diagnose takes it
+from trainer.config import CLUSTER_INCIDENTS, INCIDENTS  # what a diagnosis may name, as runwatch diagnose takes it
 
 HERE = Path(__file__).parent
 COMMAND_TIMEOUT_S = 120  # a diagnosis draws nothing, but reads Prometheus and the page log
@@ -133,7 +133,7 @@ def index(request: Request) -> Response:
     in_drill = drill is not None and drill["run_id"] == run
     postmortem = _postmortem_file(sources, run) if in_drill else None
     return console.render(
-        "index.html", runs=runs, run=run, problems=problems, incidents=INCIDENTS,
+        "index.html", runs=runs, run=run, problems=problems, incidents=INCIDENTS + CLUSTER_INCIDENTS,
         notice=console.notices.get(request.query_params.get("notice", "")),
         diagnosable=in_drill and drill.get("diagnosis") is None, diagnosed=in_drill and drill.get("diagnosis"),
         postmortem=postmortem.name if postmortem else None, rules=sources.rules_link() if run else "",
@@ -197,8 +197,9 @@ async def diagnose(request: Request) -> Response:
     form = await _form(console, request)
     if isinstance(form, Response):
         return form
-    incident, step = form.get("incident", ""), form.get("step", "").strip()
-    args = ["diagnose", *([f"--step={step}"] if step else []), "--", incident]  # "--": an incident is never an option
+    incident, step, rank = form.get("incident", ""), form.get("step", "").strip(), form.get("rank", "").strip()
+    flags = [*([f"--step={step}"] if step else []), *([f"--rank={rank}"] if rank else [])]
+    args = ["diagnose", *flags, "--", incident]  # "--": an incident is never an option
     said = await run_in_threadpool(console.command, *args)
     return _back(form.get("run", ""), console.notice(said))
 

@@ -34,17 +34,18 @@ from exporter.rank_metrics import LauncherMetrics
 from exporter.server import MetricsServer
 from runwatch.command import UsageError
 from runwatch.promserver import port_is_free
-from trainer.config import TrainConfig
+from trainer.config import CLUSTER_INCIDENTS, TrainConfig
 from trainer.gpu import node_of
 from trainer.live import RunRecord, run_live, utc_now
 from trainer.rank import POLL_SECONDS, JobFailedError, RankTrainer, rank_metrics
-from trainer.run import Trainer
+from trainer.run import Trainer, struck_rank
+from trainer.sealed import seal
 
 RANK_ENV = "PMI_RANK"  # set by MPICH's mpiexec in every rank it starts
 # What the launcher hands on to every rank, by attribute; the rest is fixed by the launcher.
 PASSED = ("seed", "steps", "onset", "lr", "incident", "port", "host", "fast_forward", "run_dir", "hold",
           "precision", "ranks", "rank_port_base", "step_seconds", "wait_for_prometheus", "watchdog_seconds",
-          "restart_seconds")  # fmt: skip
+          "restart_seconds", "sealed_answer")  # fmt: skip
 FAREWELL_S = 5.0
 # Restarts the launcher makes before it gives up, as torchrun's --max-restarts: a fault strikes
 # a run once, so more than one means something else is wrong (a bug that crashes every start).
@@ -75,6 +76,13 @@ def rank_argv(
             continue
         argv += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
     return argv
+
+
+def drill_answer(cfg: TrainConfig) -> dict:
+    """What a drill's sealed answer holds: the incident, its onset, the run, and for a cluster
+    incident the rank it strikes (`runwatch diagnose --rank` is graded against it)."""
+    answer = {"incident": cfg.incident, "onset": cfg.onset, "run_id": cfg.label}
+    return answer | ({"rank": struck_rank(cfg)} if cfg.incident in CLUSTER_INCIDENTS else {})
 
 
 def rank_targets(run_id: str, ranks: int, rank_port_base: int, host: str = "127.0.0.1") -> list[dict]:
@@ -134,6 +142,9 @@ def launch(args: argparse.Namespace, cfg: TrainConfig, run_dir: Path, serve: Cal
         if not port_is_free(port):
             raise UsageError(f"{flag}: port {port} is already in use on this machine")
     args.run_dir = run_dir  # every attempt's ranks write here
+    if cfg.drill and args.sealed_answer is None:  # drawn here once: every rank reads the same answer
+        args.sealed_answer = run_dir / "answer.sealed"
+        seal(args.sealed_answer, drill_answer(cfg))
     progress = JobProgress(run_dir / "run.json")
     metrics = LauncherMetrics(cfg.label, progress.ettr)
     server = serve(metrics.registry, args.launcher_port, args.host, "--launcher-port")
@@ -222,7 +233,7 @@ def run_rank(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     own = rank_metrics(cfg, rank)
-    metrics = TrainerMetrics(cfg.label, cfg.seed, cfg.incident, precision=cfg.precision)
+    metrics = TrainerMetrics(cfg.label, cfg.seed, cfg.incident, drill=cfg.drill, precision=cfg.precision)
     own_port = 0 if args.rank_port_base == 0 else args.rank_port_base + rank
     servers = [serve(own.registry, own_port, args.host, "--rank-port-base")]
     if rank == 0:  # the job's training metrics, where a one-process run serves them

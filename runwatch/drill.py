@@ -32,11 +32,11 @@ import requests
 from oncall.pager import read_pages, received_time
 from runwatch import lab as lab_mod
 from runwatch import plate
-from runwatch.command import Command, UsageError, add_state_dir, check_writable, read_json
+from runwatch.command import Command, UsageError, add_state_dir, check_writable, number, read_json
 from runwatch.files import write_atomic
 from runwatch.names import url
 from runwatch.promserver import PromQLError, instant
-from trainer.config import DRILL_ONSET_RANGE, INCIDENTS
+from trainer.config import CLUSTER_INCIDENTS, DRILL_ONSET_RANGE, INCIDENTS, MAX_RANKS
 from trainer.sealed import unseal
 
 PROMETHEUS = url("prometheus")
@@ -108,7 +108,7 @@ def drill(args: argparse.Namespace) -> int:
     up_args = argparse.Namespace(
         state_dir=args.state_dir, incident="random", seed=args.seed if args.seed is not None else 0, onset=None,
         fast_forward=args.fast_forward, control=False, detach=True, drill_seed=args.seed, root=None, precision="fp64",
-        ranks=1,
+        ranks=args.ranks,
     )  # fmt: skip
     lab_mod.up(up_args)
     run_id = json.loads((d.lab.state / "lab.json").read_text())["run_id"]
@@ -236,17 +236,20 @@ def _delta(a: float | None, b: float | None) -> float | None:
 
 
 def diagnose(args: argparse.Namespace) -> int:
-    if args.incident not in INCIDENTS:
-        raise UsageError(f"unknown incident {args.incident!r}; choose one of {', '.join(INCIDENTS)}")
+    if args.incident not in INCIDENTS + CLUSTER_INCIDENTS:
+        raise UsageError(
+            f"unknown incident {args.incident!r}; choose one of {', '.join(INCIDENTS + CLUSTER_INCIDENTS)}"
+        )
     d = Drill(args.state_dir)
     with d.locked():  # two diagnoses at once: the second waits, then finds the first's
         record = d.load()
         if record.get("diagnosis") is not None or d.graded(record["run_id"]):
             said = (record.get("diagnosis") or {}).get("incident", "before (see scoreboard.jsonl)")
             raise UsageError(f"drill {record['run_id']} was already diagnosed as {said}")
-        grade = grade_drill(d, record, args.incident, args.step)
+        grade = grade_drill(d, record, args.incident, args.step, args.rank)
         at, onset_at = grade["diagnosed_at"], grade.pop("onset_at")
-        record["diagnosis"] = {"incident": args.incident, "step": args.step, "at": at, "onset_at": onset_at}
+        record["diagnosis"] = {"incident": args.incident, "step": args.step, "rank": args.rank, "at": at,
+                               "onset_at": onset_at}  # fmt: skip
         record["grade"] = grade
         d.save(record)
         with open(d.lab.state / "scoreboard.jsonl", "a") as fh:
@@ -256,8 +259,9 @@ def diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
-def grade_drill(d: Drill, record: dict, diagnosed: str, step: int | None) -> dict:
-    """The grade of a diagnosis against the sealed answer, with the drill's times."""
+def grade_drill(d: Drill, record: dict, diagnosed: str, step: int | None, rank: int | None = None) -> dict:
+    """The grade of a diagnosis against the sealed answer, with the drill's times; a cluster
+    incident's rank too, when the diagnosis names one."""
     truth = d.answer(record)
     now = _now()
     page = first_page(d.lab, record["run_id"], record["started_at"])
@@ -274,6 +278,9 @@ def grade_drill(d: Drill, record: dict, diagnosed: str, step: int | None) -> dic
         "false_incident": healthy and diagnosed != "none",
         "step_guess": step,
         "step_error": None if step is None or healthy else step - truth["onset"],
+        "rank": truth.get("rank"),  # the rank a cluster incident struck
+        "rank_guess": rank,
+        "rank_correct": None if rank is None or "rank" not in truth else rank == truth["rank"],
         "first_page": page["alert"] if page else None,
         "onset_to_first_page_s": _delta(onset_at, paged_at),
         "first_page_to_ack_s": _delta(paged_at, acked),
@@ -291,6 +298,12 @@ def report(g: dict) -> str:
         lines.append("The run was healthy: declaring an incident here is a false alarm of your own.")
     if g["step_error"] is not None:
         lines.append(f"your onset step was {g['step_error']:+d} steps off")
+    if g.get("rank_correct") is not None:
+        lines.append(
+            f"you named rank {g['rank_guess']}: {'right' if g['rank_correct'] else 'wrong'}, it was rank {g['rank']}"
+        )
+    elif g.get("rank_guess") is not None:
+        lines.append(f"you named rank {g['rank_guess']}, but no single rank was struck")
 
     def s(x: float | None) -> str:
         return "-" if x is None else f"{x:.1f} s"
@@ -445,6 +458,10 @@ def add_drill(p: argparse.ArgumentParser) -> Command:
     p.add_argument(
         "--fast-forward", type=lab_mod.STEP, default=0, metavar="STEP", help="skip ahead (below the earliest onset)"
     )
+    p.add_argument(
+        "--ranks", type=number(int, 1, MAX_RANKS), default=1,
+        help="train over N ranks: half the drills then hide a cluster incident, drawn by Llama 3's shares",
+    )  # fmt: skip
     return drill
 
 
@@ -460,8 +477,14 @@ def add_ack(p: argparse.ArgumentParser) -> Command:
 
 def add_diagnose(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
-    p.add_argument("incident", help=f"your diagnosis: one of {', '.join(INCIDENTS)}")
+    p.add_argument("incident", help=f"your diagnosis: one of {', '.join(INCIDENTS + CLUSTER_INCIDENTS)}")
     p.add_argument("--step", type=lab_mod.STEP, default=None, help="the step you think it began at")
+    p.add_argument(
+        "--rank",
+        type=number(int, 0, MAX_RANKS - 1),
+        default=None,
+        help="in a cluster drill, the rank you think was struck",
+    )
     return diagnose
 
 

@@ -41,7 +41,7 @@ import psutil
 import requests
 
 from runwatch.check import run_all
-from runwatch.cluster import rank_targets
+from runwatch.cluster import drill_answer, rank_targets
 from runwatch.command import DEFAULT_STATE, Command, UsageError, add_state_dir, flag, number, read_json
 from runwatch.files import write_atomic
 from runwatch.names import CONTROL_PORT, LAUNCHER_PORT, PORTS, RANK_PORT_BASE
@@ -131,8 +131,9 @@ class Lab:
     def sealed_answer(self, run_id: str) -> Path:
         return self.runs / run_id / "answer.sealed"
 
-    def seal_drill(self, run_id: str, drill_seed: int | None) -> None:
-        """Draw the drill's incident and onset and seal them in the run's directory.
+    def seal_drill(self, run_id: str, drill_seed: int | None, seed: int = 0, ranks: int = 1) -> None:
+        """Draw the drill's incident and onset (and the rank a cluster incident strikes, for a run
+        of `seed` over `ranks`) and seal them in the run's directory.
 
         With a seed the draw is reproducible in this state directory only: it is keyed by a
         secret of the lab's (drill.key, owner-only), so the seed on its own names nothing.
@@ -145,7 +146,9 @@ class Lab:
                 write_atomic(key_file, secrets.token_hex(16) + "\n", mode=0o600)
             rng = random.Random(f"{key_file.read_text().strip()}:{drill_seed}")
         self.sealed_answer(run_id).parent.mkdir(parents=True, exist_ok=True)
-        seal(self.sealed_answer(run_id), {**draw_drill(rng), "run_id": run_id})
+        drawn = draw_drill(rng, cluster=ranks > 1)
+        cfg = TrainConfig(incident=drawn["incident"], onset=drawn["onset"], seed=seed, ranks=ranks, run_id=run_id)
+        seal(self.sealed_answer(run_id), drill_answer(cfg))
 
     # --- processes ---
 
@@ -348,8 +351,6 @@ def check_run(args: argparse.Namespace) -> None:
     if args.incident not in (*INCIDENTS, *CLUSTER_INCIDENTS, "random"):
         known = ", ".join((*INCIDENTS, *CLUSTER_INCIDENTS))
         raise UsageError(f"--incident: unknown incident {args.incident!r}; choose one of {known}, random")
-    if args.incident == "random" and args.ranks > 1:
-        raise UsageError("--ranks: drills train on one rank for now")
     incident = "none" if args.incident == "random" else args.incident
     cfg = TrainConfig(incident=incident, seed=args.seed, precision=args.precision, ranks=args.ranks)
     try:
@@ -408,7 +409,7 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
     for name in ("prometheus", "alertmanager", "pager"):
         lab.write_target(name, [f"127.0.0.1:{PORTS[name]}"])
     if args.incident == "random":
-        lab.seal_drill(run_id, args.drill_seed)
+        lab.seal_drill(run_id, args.drill_seed, args.seed, args.ranks)
     # started_at: `runwatch pager` shows this lab's pages, not those of earlier labs
     record = {"run_id": run_id, "root": str(lab.layout.root), "started_at": time.time()}
     write_atomic(lab.state / "lab.json", json.dumps(record) + "\n")

@@ -130,14 +130,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
     incident = args.incident or "none"
     if args.sealed_answer is not None and not drill:
         raise UsageError("--sealed-answer: only with --incident random")
-    if drill and args.ranks > 1:
-        raise UsageError("--ranks: drills train on one rank for now")
     if drill:
         if args.sealed_answer is not None:
             answer = read_sealed_answer(args.sealed_answer)
         else:
             seeded = args.drill_seed is not None
-            answer = draw_drill(random.Random(args.drill_seed) if seeded else secrets.SystemRandom())
+            rng = random.Random(args.drill_seed) if seeded else secrets.SystemRandom()
+            answer = draw_drill(rng, cluster=args.ranks > 1)
         incident = answer["incident"]
         if onset is None:
             onset = answer["onset"]
@@ -172,7 +171,7 @@ def read_sealed_answer(path: Path) -> dict:
         raise UsageError(f"--sealed-answer: cannot read {path}: {err.strerror}") from None
     except ValueError as err:
         raise UsageError(f"--sealed-answer: {err}") from None
-    if answer.get("incident") not in INCIDENTS or not isinstance(answer.get("onset"), int):
+    if answer.get("incident") not in INCIDENTS + CLUSTER_INCIDENTS or not isinstance(answer.get("onset"), int):
         raise UsageError(f"--sealed-answer: {path} holds no incident and onset")
     return answer
 

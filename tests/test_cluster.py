@@ -107,7 +107,8 @@ def test_configs_a_cluster_cannot_run_name_their_field(changes, field):
     "args, flag",
     [(["--ranks", "3", "--offline", "--out", "x.om"], "--ranks"), (["--ranks", "99"], "--ranks"),
      (["--incident", "straggler", "--offline", "--out", "x.om"], "--incident"),
-     (["--ranks", "2", "--incident", "random"], "--ranks")],
+     (["--ranks", "2", "--watchdog-seconds", "0"], "--watchdog-seconds"),
+     (["--ranks", "2", "--restart-seconds", "1e9"], "--restart-seconds")],
 )  # fmt: skip
 def test_bad_cluster_flags_are_one_line_errors(tmp_path, args, flag):
     res = runwatch("train", *args, cwd=tmp_path)

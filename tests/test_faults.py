@@ -1,17 +1,24 @@
 """The cluster's faults offline: where each strikes, the job's attempts and restart, and what the
-scrapes of the OpenMetrics file see through the stall, the teardown and the restart."""
+scrapes of the OpenMetrics file see through the stall, the teardown and the restart; and the
+drills that hide them."""
 
 import io
+import json
 import math
+import random
+import time
+from collections import Counter
 from typing import NamedTuple
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainer.config import TrainConfig
+from tests.conftest import runwatch
+from trainer.config import INCIDENTS, LLAMA3_SHARES, TrainConfig, draw_drill
 from trainer.faults import XID_EXIT_SECONDS, attempts, checkpoint_before, drain_step, fault_of, lost_steps, schedule
 from trainer.offline import simulate, write_openmetrics
 from trainer.run import Trainer, compute_seconds
+from trainer.sealed import seal
 
 
 def cfg_of(incident: str, seed: int = 101) -> TrainConfig:
@@ -142,3 +149,40 @@ def test_during_a_hang_the_struck_rank_is_one_collective_behind_and_the_last_ste
     assert seqs == {str(r): f.step + (r != f.rank) for r in range(4)}
     frozen = {s.value for s in samples["runwatch_rank_last_step_timestamp_seconds"] if s.timestamp in stall_at}
     assert len(frozen) == 1 and frozen.pop() < min(stall_at)
+
+
+def test_a_cluster_drill_hides_a_cluster_incident_half_the_time_by_llama_3s_shares():
+    rng = random.Random(5)
+    n = 20_000
+    drawn = Counter(draw_drill(rng, cluster=True)["incident"] for _ in range(n))
+    cluster = sum(drawn[i] for i in LLAMA3_SHARES)
+    assert abs(cluster / n - 0.5) < 0.02
+    total = sum(LLAMA3_SHARES.values())
+    for incident, share in LLAMA3_SHARES.items():  # 47.6% crashes, 34.3% ECC, 16.0% hangs, 2.2% stragglers
+        assert abs(drawn[incident] / cluster - share / total) < 0.02, incident
+    assert all(abs(drawn[i] / n - 0.1) < 0.015 for i in INCIDENTS)
+    one_rank = {draw_drill(rng)["incident"] for _ in range(2000)}
+    assert one_rank == set(INCIDENTS)  # a run of one process draws only the plate's
+
+
+def test_a_cluster_drill_grades_the_rank_named(tmp_path):
+    """`runwatch diagnose INCIDENT --rank R` against a drill's sealed answer: the incident, and the
+    rank a cluster incident struck."""
+    state, run_id = tmp_path / "state", "drill-120000"
+    (state / "runs" / run_id).mkdir(parents=True)
+    seal(state / "runs" / run_id / "answer.sealed", {"incident": "hang", "onset": 300, "run_id": run_id, "rank": 2})
+
+    def diagnose(*args: str) -> str:
+        record = {"run_id": run_id, "started_at": time.time(), "acks": [], "diagnosis": None}
+        (state / "drill.json").write_text(json.dumps(record))
+        (state / "scoreboard.jsonl").unlink(missing_ok=True)
+        res = runwatch("diagnose", *args, "--state-dir", str(state), cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    assert "CORRECT: you said hang; it was hang from step 300." in (out := diagnose("hang", "--rank", "2"))
+    assert "you named rank 2: right, it was rank 2" in out
+    assert "WRONG: you said rank_crash" in (out := diagnose("rank_crash", "--rank", "1"))
+    assert "you named rank 1: wrong, it was rank 2" in out
+    res = runwatch("diagnose", "hang", "--rank", "16", "--state-dir", str(state), cwd=tmp_path)
+    assert res.returncode == 2 and "--rank" in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -92,10 +92,11 @@ def run_live(
     last = None
     record.save(lab_time=trainer.lab_time)
     try:
-        # --- fast-forward: unpaced, unpublished, but its tokens still count ---
+        # --- fast-forward: unpaced, unpublished, but its tokens and checkpoints count ---
         while trainer.next_step < min(fast_forward, cfg.steps):
             last = trainer.step()
             metrics.add_tokens(last.tokens)
+            _checkpoint(trainer, last.step, checkpoints, metrics)
         if last is not None:
             log(f"fast-forwarded to step {trainer.next_step} (no Prometheus history before it)")
         _wait_for_scrape(scraped, stop, log)
@@ -110,9 +111,7 @@ def run_live(
             tps = rec.tokens / (wall := clock() - t0)
             metrics.observe(rec, tps, wall_seconds=wall)
             last = rec
-            if checkpoints is not None and (rec.step + 1) % cfg.checkpoint_every == 0:
-                trainer.save_checkpoint(checkpoints)
-                metrics.checkpoint(rec.step)
+            _checkpoint(trainer, rec.step, checkpoints, metrics)
             # how far the run got, always: a launcher restarting a cluster job reads it
             record.save(last_step=rec.step, lab_time=trainer.lab_time)
             if rec.step % LOG_EVERY == 0:
@@ -124,6 +123,13 @@ def run_live(
         status = "interrupted"
     record.save(status=status, ended_at=utc_now(), last_step=None if last is None else last.step)
     return status
+
+
+def _checkpoint(trainer: Trainer, step: int, checkpoints: Path | None, metrics: TrainerMetrics) -> None:
+    """Save the state after `step` every cfg.checkpoint_every steps (into `checkpoints`, if given)."""
+    if checkpoints is not None and (step + 1) % trainer.cfg.checkpoint_every == 0:
+        trainer.save_checkpoint(checkpoints)
+        metrics.checkpoint(step)
 
 
 def _wait_for_scrape(scraped: threading.Event | None, stop: threading.Event, log: Callable[[str], None]) -> None:
