@@ -153,6 +153,16 @@ def plate(request: Request) -> Response:
         return JSONResponse({"error": str(err)}, 404)
 
 
+def ranks(request: Request) -> Response:
+    run = request.query_params.get("run", "")
+    if not run:
+        return JSONResponse({"error": "run: which run's ranks, e.g. ?run=straggler-0-083113"}, 400)
+    try:
+        return JSONResponse(_console(request).sources.ranks(run))
+    except UnavailableError as err:
+        return JSONResponse({"error": str(err)}, 503)
+
+
 def pages(request: Request) -> Response:
     """The run's pages, newest first; those Alertmanager holds firing unsilenced get an Ack."""
     console, run = _console(request), request.query_params.get("run", "")
@@ -235,6 +245,7 @@ def ready(_: Request) -> Response:
 ROUTES = [
     Route("/", index),
     Route("/api/plate", plate),
+    Route("/api/ranks", ranks),
     Route("/pages", pages),
     Route("/runbook/{alert}", runbook),
     Route("/ack", ack, methods=["POST"]),

@@ -32,6 +32,23 @@ RUNS_LOOKBACK_S = 7 * 24 * 3600  # the run picker offers every run started in th
 TIMEOUT_S = 5
 
 
+# The dashboard's cluster-row panels the console shows, each as a field of a rank (or the job's)
+RANK_FIELDS = {
+    ("Compute time per rank", "A"): "compute", ("Collective wait per rank", "A"): "wait",
+    ("Collective sequence number", "A"): "seq", ("Seconds since each rank's last step", "A"): "since",
+    ("GPU temperature", "A"): "temp", ("GPU SM clock", "A"): "clock", ("GPU XID errors", "A"): "xid",
+    ("Restarts, steps lost, ETTR", "A"): "restarts", ("Restarts, steps lost, ETTR", "B"): "lost",
+    ("Restarts, steps lost, ETTR", "C"): "ettr",
+}  # fmt: skip
+JOB_FIELDS = ("restarts", "lost", "ettr")
+RANKS_WINDOW_S = 60  # a rank last scraped longer ago than this is not shown
+
+
+def _last_value(series: dict) -> float | None:
+    value = float(series["values"][-1][1]) if series.get("values") else float(series["value"][1])
+    return None if math.isnan(value) else value
+
+
 class UnavailableError(RuntimeError):
     """A component did not answer; the message names it and its address."""
 
@@ -98,6 +115,32 @@ class Sources:
             raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
         incident = info[0]["metric"].get("incident", "") if info else ""
         return {"started": started, "ended": ended, "drill": incident == "hidden", "incident": incident}
+
+    # --- the cluster: each rank now ---
+
+    def ranks(self, run_id: str, now: float | None = None) -> dict[str, Any]:
+        """Each rank of a cluster run as last scraped, and the launcher's restarts, steps lost and
+        ETTR, through the dashboard's cluster-row queries; no ranks for a run of one process."""
+        end = now if now is not None else time.time()
+        rows: dict[str, dict[str, Any]] = {}  # by instance: a rank's series and its GPU's share it
+        job: dict[str, float] = {}
+        try:
+            for q in dq.queries(self.dashboard):
+                field = RANK_FIELDS.get((q.title, q.ref))
+                if field is None:
+                    continue
+                for series in dq.run(self.prometheus, q, {"run": run_id}, end - RANKS_WINDOW_S, end):
+                    value = _last_value(series)
+                    if field in JOB_FIELDS:
+                        job[field] = value
+                        continue
+                    row = rows.setdefault(series["metric"].get("instance", ""), {})
+                    row[field] = value
+                    row.update({k: series["metric"][k] for k in ("rank", "node") if k in series["metric"]})
+        except (requests.RequestException, PromQLError) as err:
+            raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
+        ranked = sorted((r for r in rows.values() if "rank" in r), key=lambda r: int(r["rank"]))
+        return {"ranks": ranked, "job": job}
 
     # --- the plate ---
 

@@ -16,6 +16,7 @@ import time
 import pytest
 import yaml
 
+from console.sources import Sources
 from oncall.pager import read_pages
 from runwatch import dashboard_queries as dq
 from runwatch.names import FIRST_FIRED
@@ -26,7 +27,7 @@ from tests.conftest import need, runwatch, wait_for
 from tests.test_lab_e2e import ExtraTrainer
 from trainer.config import TrainConfig
 from trainer.faults import checkpoint_before, fault_of
-from trainer.gpu import gpu_index, node_of
+from trainer.gpu import NOMINAL_SM_MHZ, gpu_index, node_of
 from trainer.offline import simulate, write_openmetrics
 from trainer.run import Trainer
 
@@ -399,3 +400,23 @@ def test_the_cluster_row_reads_every_rank_gpu_and_restart(crashed_cluster):
             for s in results[("GPU XID errors", "A")]}  # fmt: skip
     struck = f"{node_of(cfg, fault.rank)}/{gpu_index(cfg, fault.rank)}"
     assert xids[struck] == {0.0, 79.0} and all(v == {0.0} for k, v in xids.items() if k != struck)
+
+
+def test_the_console_shows_each_rank_through_the_same_queries(crashed_cluster):
+    """The console's cluster view (/api/ranks) reads the dashboard's cluster-row queries: at the
+    end of the crashed run, every rank and its GPU and the job's restart; during the crash, the
+    struck GPU's XID 79."""
+    cfg, run, base = crashed_cluster
+    fault = fault_of(cfg)
+    sources = Sources(base, base, base)  # only Prometheus is read
+    end = sources.ranks(cfg.label, now=run.end_time() + 1)  # the last sample, stamped to the ms
+    assert [(r["rank"], r["node"]) for r in end["ranks"]] == [(str(r), node_of(cfg, r)) for r in range(4)]
+    assert all(r["xid"] == 0 and r["clock"] == NOMINAL_SM_MHZ and r["seq"] == cfg.steps for r in end["ranks"])
+    assert end["job"]["restarts"] == 1 and end["job"]["lost"] == fault.step - (
+        checkpoint_before(cfg, fault.step - 1) + 1
+    )
+    stall = next(i for i, s in enumerate(run.samples) if s.state == "stall")
+    # Grafana's range ends on a whole step, as dq.run's does: a second on, still in the stall
+    during = sources.ranks(cfg.label, now=float(run.stamps()[stall]) + 1)
+    assert {r["rank"]: r["xid"] for r in during["ranks"]} == {str(r): 79 if r == fault.rank else 0 for r in range(4)}
+    assert sources.ranks("no-such-run", now=run.end_time()) == {"ranks": [], "job": {}}

@@ -122,6 +122,38 @@ async function refreshPlate() {
   }
 }
 
+// The cluster row: one line a rank, from /api/ranks (the dashboard's cluster-row queries).
+// Hidden for a run of one process. Written with textContent only: nothing served is markup.
+const RANK_COLUMNS = [["rank", 0], ["node", null], ["compute", 3], ["wait", 3], ["seq", 0], ["since", 1],
+  ["temp", 1], ["clock", 0], ["xid", 0]];
+
+async function refreshRanks() {
+  const panel = document.getElementById("ranks-panel");
+  try {
+    const resp = await fetch(`/api/ranks?run=${encodeURIComponent(root.dataset.run)}`);
+    const data = await resp.json();
+    if (!resp.ok) throw new Error(data.error || resp.statusText);
+    const body = document.querySelector("#ranks tbody");
+    body.replaceChildren(...data.ranks.map((r) => {
+      const tr = document.createElement("tr");
+      for (const [key, digits] of RANK_COLUMNS) {
+        const td = document.createElement("td");
+        const v = r[key];
+        td.textContent = v == null ? "-" : (digits == null ? String(v) : Number(v).toFixed(digits));
+        if (key === "xid" && Number(v) > 0) td.className = "hot";
+        tr.appendChild(td);
+      }
+      return tr;
+    }));
+    const j = data.job;
+    document.getElementById("job-summary").textContent = j.restarts == null ? "" :
+      `(${j.restarts} restart(s), ${j.lost} step(s) lost, ETTR ${j.ettr == null ? "-" : j.ettr.toFixed(2)})`;
+    panel.hidden = data.ranks.length === 0;
+  } catch (err) {
+    panel.hidden = true;
+  }
+}
+
 async function refreshPages() {
   const box = document.getElementById("pages");
   try {
@@ -157,6 +189,8 @@ if (root) {
   picker.addEventListener("change", () => picker.form.submit());
   refreshPlate();
   refreshPages();
+  refreshRanks();
   setInterval(refreshPlate, REFRESH_MS);
   setInterval(refreshPages, REFRESH_MS);
+  setInterval(refreshRanks, REFRESH_MS);
 }
