@@ -2,7 +2,7 @@
 FROM python:3.11.11-slim-bookworm
 
 RUN useradd --create-home --uid 10001 runwatch \
-    && mkdir -p /data/runs /data/pages \
+    && mkdir -p /data/runs /data/pages /data/targets \
     && chown -R runwatch:runwatch /data
 
 WORKDIR /app
@@ -17,7 +17,10 @@ COPY prometheus ./prometheus
 COPY alertmanager ./alertmanager
 COPY runbooks ./runbooks
 COPY grafana ./grafana
-RUN pip install --no-cache-dir .
+# with the cluster extra: MPICH's mpiexec and mpi4py, for RUNWATCH_RANKS > 1
+# (ldconfig: the mpich wheel puts libmpi in the prefix's lib/, which the loader's cache must list
+# where Python's prefix is /usr and pip's is /usr/local, as in Debian's python3)
+RUN pip install --no-cache-dir ".[cluster]" && ldconfig
 
 # Log lines reach `docker compose logs` as they are written, not when a buffer fills.
 ENV PYTHONUNBUFFERED=1

@@ -33,6 +33,7 @@ from exporter.metrics import TrainerMetrics
 from exporter.rank_metrics import LauncherMetrics
 from exporter.server import MetricsServer
 from runwatch.command import UsageError
+from runwatch.files import write_atomic
 from runwatch.promserver import port_is_free
 from trainer.config import CLUSTER_INCIDENTS, TrainConfig
 from trainer.gpu import node_of
@@ -96,6 +97,24 @@ def rank_targets(run_id: str, ranks: int, rank_port_base: int, host: str = "127.
         }
         for r in range(ranks)
     ]
+
+
+def write_targets(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    """Prometheus's targets of this run's ranks and launcher, into --targets-dir (none for a run of
+    one process), each file written whole: compose's Prometheus reads them from a shared volume."""
+    host, ranks = args.targets_host, cfg.ranks > 1
+    if ranks and 0 in (args.rank_port_base, args.launcher_port):
+        raise UsageError("--targets-dir: the targets need fixed ports, not 0 (--rank-port-base, --launcher-port)")
+    files = {
+        "ranks.json": rank_targets(cfg.label, cfg.ranks, args.rank_port_base, host) if ranks else [],
+        "launcher.json": [{"targets": [f"{host}:{args.launcher_port}"]}] if ranks else [],
+    }
+    try:
+        args.targets_dir.mkdir(parents=True, exist_ok=True)
+        for name, groups in files.items():
+            write_atomic(args.targets_dir / name, json.dumps(groups) + "\n")
+    except OSError as err:
+        raise UsageError(f"--targets-dir: cannot write {args.targets_dir}: {err.strerror}") from None
 
 
 class JobProgress:

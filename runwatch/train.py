@@ -27,7 +27,7 @@ from exporter.server import MetricsServer, PortInUseError, start
 from runwatch import cluster
 from runwatch.command import Command, UsageError, check_writable, flag, number
 from runwatch.files import write_atomic
-from runwatch.names import LAUNCHER_PORT, PORTS, RANK_PORT_BASE
+from runwatch.names import LAUNCHER_PORT, LOOPBACK, PORTS, RANK_PORT_BASE
 from trainer.config import (
     CLUSTER_INCIDENTS,
     INCIDENTS,
@@ -118,6 +118,13 @@ def add_cluster_arguments(p: argparse.ArgumentParser, d: TrainConfig) -> None:
         "--restart-seconds", type=number(float, 0, 3600, low_open=True), default=d.restart_seconds,
         metavar="SECONDS", help="with --ranks, the launcher restarts a failed job after this long",
     )  # fmt: skip
+    p.add_argument(
+        "--targets-dir", type=Path, default=None, metavar="DIR",
+        help="write Prometheus's file_sd targets of the ranks and the launcher here (compose's shared volume)",
+    )  # fmt: skip
+    p.add_argument(
+        "--targets-host", default=LOOPBACK, metavar="HOST", help="the host name in those targets (compose: trainer)"
+    )
     # set by the launcher for the ranks of a restarted job
     p.add_argument("--attempt", type=number(int, 0, 1000), default=0, help=argparse.SUPPRESS)
     p.add_argument("--restart-from", type=Path, default=None, help=argparse.SUPPRESS)
@@ -248,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
         check_writable(run_dir / "run.json", "--run-dir")
     except OSError as err:
         raise UsageError(f"--run-dir: cannot create {run_dir}: {err.strerror}") from None
+    if cluster.RANK_ENV not in os.environ and args.targets_dir is not None:
+        cluster.write_targets(args, cfg)
     if cfg.ranks > 1 and cluster.RANK_ENV not in os.environ:  # the launcher: the ranks are mpiexec's
         return cluster.launch(args, cfg, run_dir, serve)
     if cfg.ranks > 1:

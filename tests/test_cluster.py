@@ -1,6 +1,7 @@
 """Data-parallel training over N ranks: the arithmetic, the clock of each rank, its GPU, and a
 live run over a real MPI (MPICH's mpiexec, mpi4py) that matches the offline simulation bit for bit."""
 
+import argparse
 import json
 import re
 import signal
@@ -14,6 +15,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from runwatch.cluster import write_targets
+from runwatch.command import UsageError
 from runwatch.paths import REPO
 from runwatch.promserver import Process, free_port, instant
 from tests.conftest import need, runwatch, wait_for
@@ -386,3 +389,19 @@ def test_a_hang_pages_names_its_rank_and_the_watchdog_restarts_the_job(tmp_path)
     offline = Trainer(cfg)
     offline.run()
     assert np.array_equal(saved["w"], offline.w) and np.array_equal(saved["b"], offline.b)
+
+
+def test_the_launcher_writes_prometheus_s_targets_for_compose(tmp_path):
+    """compose's trainer writes its ranks' and launcher's targets into the volume Prometheus
+    reads; a run of one process writes empty ones, so that no earlier cluster lingers there."""
+    args = argparse.Namespace(
+        targets_dir=tmp_path / "t", targets_host="trainer", rank_port_base=8100, launcher_port=8099
+    )
+    write_targets(args, TrainConfig(ranks=4, run_id="rk"))
+    ranks = json.loads((tmp_path / "t" / "ranks.json").read_text())
+    assert ranks[3] == {"targets": ["trainer:8103"], "labels": {"run_id": "rk", "rank": "3", "node": "node1"}}
+    assert json.loads((tmp_path / "t" / "launcher.json").read_text()) == [{"targets": ["trainer:8099"]}]
+    write_targets(args, TrainConfig(run_id="one"))
+    assert [json.loads((tmp_path / "t" / f).read_text()) for f in ("ranks.json", "launcher.json")] == [[], []]
+    with pytest.raises(UsageError, match="^--targets-dir: the targets need fixed ports"):
+        write_targets(argparse.Namespace(**{**vars(args), "rank_port_base": 0}), TrainConfig(ranks=2, run_id="rk"))

@@ -14,7 +14,9 @@ pages in the pager's volume and on Prometheus's API:
 4. The pager stopped: PagerDown and AlertmanagerNotificationsFailing fire; back, the latter pages.
 5. `stop`: every process ends on SIGTERM, none is killed after the grace period.
 6. A trainer that fails at start: Prometheus and Alertmanager run, TrainerDown pages.
-7. `down -v` leaves no container, network or volume.
+7. RUNWATCH_RANKS=2: two ranks under mpiexec in the trainer's container, each scraped with its
+   run, rank and node from the targets the trainer writes, and the launcher's ETTR.
+8. `down -v` leaves no container, network or volume.
 
 Time bounds come from the configuration: scrape and evaluation every 1 s, `for:` of each rule,
 group_wait 0 s and group_interval 5 s in alertmanager.yml.
@@ -224,6 +226,25 @@ def test_a_trainer_that_fails_at_start_blocks_nothing_and_pages_trainer_down(sta
     page = wait_for(lambda: stack.pages("TrainerDown"), 60, "a TrainerDown page")[0]
     assert "trainer:8000" in page["summary"]
     assert firing("TrainerDown", instance="trainer:8000")
+
+
+def test_a_cluster_of_two_ranks_is_scraped_rank_by_rank(stack):
+    stack.compose("up", "-d", "trainer", env={"RUNWATCH_RANKS": "2"})
+    run = wait_for(stack.run_id_or_none, 120, "rank 0 to serve the run")
+
+    def ranks_up() -> list[dict] | None:
+        found = instant(PROM, f'up{{job="ranks",run_id="{run}"}} == 1')
+        return found if len(found) == 2 else None
+
+    ups = wait_for(
+        ranks_up, 60, "both ranks to be scraped"
+    )  # file_sd rereads its files within 5 min, on change at once
+    assert sorted((u["metric"]["rank"], u["metric"]["node"], u["metric"]["instance"]) for u in ups) == [
+        ("0", "node0", "trainer:8100"),
+        ("1", "node0", "trainer:8101"),
+    ]
+    wait_for(lambda: instant(PROM, f'runwatch_rank_step{{run_id="{run}",rank="1"}} > 0'), 60, "rank 1 to train")
+    wait_for(lambda: instant(PROM, f'runwatch_job_ettr{{run_id="{run}"}} > 0'), 60, "the launcher's ETTR")
 
 
 def test_down_v_leaves_no_container_network_or_volume(stack):

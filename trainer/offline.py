@@ -4,7 +4,9 @@ The file holds what a 1 s scrape of the live exporter would have stored: the sam
 names and `run_id` label, plus the target labels `job="trainer"` and one `instance` per run,
 and `up` = 1. Step s is stamped at the end of step s on the lab clock (start + the simulated
 device time of steps 0..s), so slow-node steps are 1/0.7 s apart. The step-duration histogram
-is left out; tokens per second carries the same information.
+is left out; tokens per second carries the same information. A run over several ranks adds
+each rank's series, its GPU's and the launcher's; a cluster fault (trainer.faults) adds a
+sample a second while the job stalls, and `up` = 0 while it is down, until its restart.
 
 Not for live runs: `trainer.live` paces and exports.
 
@@ -26,7 +28,7 @@ from typing import TextIO
 from exporter import metrics as m
 from exporter import rank_metrics as rm
 from trainer.config import TrainConfig
-from trainer.faults import Sample, attempts, fault_of, lost_steps, schedule
+from trainer.faults import Fault, Sample, attempts, fault_of, lost_steps, schedule
 from trainer.gpu import gpu_index, gpu_state, gpu_uuid, node_of
 from trainer.record import StepRecord, activation_norms
 from trainer.run import Trainer, compute_seconds
@@ -199,7 +201,7 @@ def _rank_families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Call
     return fam
 
 
-def _entered(seen: list[Sample], fault, rank: int) -> list[float]:
+def _entered(seen: list[Sample], fault: Fault | None, rank: int) -> list[float]:
     """The rank's collective sequence number: step s enters collective s+1. While a hang or a
     crash stalls the job, the others have entered the next collective and the struck rank has not."""
     out = []
@@ -209,7 +211,7 @@ def _entered(seen: list[Sample], fault, rank: int) -> list[float]:
     return out
 
 
-def _xids(seen: list[Sample], fault, rank: int) -> list[float]:
+def _xids(seen: list[Sample], fault: Fault | None, rank: int) -> list[float]:
     """The last XID of the rank's GPU: a crash's from its strike until the process exits, an ECC
     error's from its step until the drain. The restarted job runs on a healthy spare."""
     out = []
