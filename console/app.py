@@ -20,6 +20,7 @@ import re
 import secrets
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -141,26 +142,26 @@ def index(request: Request) -> Response:
     )  # fmt: skip
 
 
-def plate(request: Request) -> Response:
+def _api(request: Request, read: Callable[[Sources, str], dict], example: str) -> Response:
+    """One run's JSON for console.js: 400 without a run, 503 if Prometheus does not answer, 404
+    for a run it does not hold."""
     run = request.query_params.get("run", "")
     if not run:
-        return JSONResponse({"error": "run: which run to draw, e.g. ?run=corrupt_shard-0-083113"}, 400)
+        return JSONResponse({"error": f"run: which run, e.g. ?run={example}"}, 400)
     try:
-        return JSONResponse(_console(request).sources.plate(run))
+        return JSONResponse(read(_console(request).sources, run))
     except UnavailableError as err:
         return JSONResponse({"error": str(err)}, 503)
     except UsageError as err:  # a run Prometheus does not hold: collect() says so
         return JSONResponse({"error": str(err)}, 404)
 
 
+def plate(request: Request) -> Response:
+    return _api(request, Sources.plate, "corrupt_shard-0-083113")
+
+
 def ranks(request: Request) -> Response:
-    run = request.query_params.get("run", "")
-    if not run:
-        return JSONResponse({"error": "run: which run's ranks, e.g. ?run=straggler-0-083113"}, 400)
-    try:
-        return JSONResponse(_console(request).sources.ranks(run))
-    except UnavailableError as err:
-        return JSONResponse({"error": str(err)}, 503)
+    return _api(request, Sources.ranks, "straggler-0-083113")
 
 
 def pages(request: Request) -> Response:
