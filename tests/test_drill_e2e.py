@@ -66,7 +66,11 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     metrics = requests.get("http://127.0.0.1:8000/metrics", timeout=5).text
     assert not any(name in metrics for name in INCIDENT_NAMES) and 'incident="hidden"' in metrics
     assert "incident_active" not in metrics and "learning_rate" not in metrics
-    assert "247" not in json.dumps(json.loads(next((state / "runs").glob("*/run.json")).read_text()))
+    # run.json names neither the incident nor its onset (247): not as a value of its config, nor
+    # anywhere but in its run id (a time, HHMMSS) and its progress (steps and times so far)
+    record = json.loads(next((state / "runs").glob("*/run.json")).read_text())
+    assert record["config"]["onset"] == -1 and record["config"]["incident"] == "hidden"
+    assert 247 not in record["config"].values() and "corrupt_shard" not in json.dumps(record)
     trainer = json.loads((state / "pids" / "trainer.json").read_text())  # what `ps` shows of it
     assert "--drill-seed" not in trainer["argv"] and "corrupt_shard" not in trainer["argv"]
     forge_a_page(run_id)

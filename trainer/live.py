@@ -93,7 +93,7 @@ def run_live(
     record.save(lab_time=trainer.lab_time)
     try:
         # --- fast-forward: unpaced, unpublished, but its tokens and checkpoints count ---
-        while trainer.next_step < min(fast_forward, cfg.steps):
+        while trainer.next_step < min(fast_forward, cfg.steps) and not trainer.halted:
             last = trainer.step()
             metrics.add_tokens(last.tokens)
             _checkpoint(trainer, last.step, checkpoints, metrics)
