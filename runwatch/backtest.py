@@ -607,6 +607,14 @@ def _table(title: str, incidents: dict, alerts: list[str], target: bool) -> list
     return lines + [""]
 
 
+def _when(finding: dict) -> str:
+    if finding["step"] is None:
+        return "never"
+    return (
+        f"{finding['step']} s after the fault" if finding["incident"] in plate.FAULTS else f"at step {finding['step']}"
+    )
+
+
 def report(summary: dict, alerts: list[str]) -> str:
     """The readout table: first-fire step, median (range) over seeds, the plate's in brackets;
     for the faults, a second table in seconds from the fault, the target in brackets."""
@@ -623,9 +631,7 @@ def report(summary: dict, alerts: list[str]) -> str:
     ]:
         found = summary[kind]
         lines.append(f"{title}: {len(found)}")
-        lines += [
-            f"  {f['incident']} seed {f['seed']}: {f['alert']} at step {f['step']} ({f['expected']})" for f in found
-        ]
+        lines += [f"  {f['incident']} seed {f['seed']}: {f['alert']} {_when(f)} ({f['expected']})" for f in found]
     lead = summary.get("lead_over_loss_alert", {})
     if lead:
         lines.append("steps before TrainingLossJump that the other alerts first fire (negative: after):")

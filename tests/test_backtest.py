@@ -126,7 +126,7 @@ def test_a_noisy_rule_and_a_deaf_one_are_reported(tmp_path):
     assert ("corrupt_shard", "TrainingLossJump") in found["missed"]
     assert "false alarms (fired where the plate says silent): 0" not in res.stdout
     assert "  none seed 0: GradientNormJump at step" in res.stdout
-    assert "  corrupt_shard seed 0: TrainingLossJump at step None" in res.stdout
+    assert "  corrupt_shard seed 0: TrainingLossJump never (fires at 300)" in res.stdout
 
 
 def test_rules_that_fail_promtool_are_refused_with_its_message(tmp_path):
@@ -320,13 +320,21 @@ def test_promtool_backfills_on_the_whole_seconds_subqueries_evaluate_on(tmp_path
 def test_a_backtest_over_four_ranks_names_the_straggler(tmp_path):
     """The cluster's readouts: over 4 ranks a straggler pages StragglerRank naming its rank and
     GPUThermalThrottle its GPU within 21 steps (30 lab seconds) of the onset; a slow node and a
-    healthy run page no cluster alert; the plate's incidents keep their signature."""
-    res = backtest("--seeds", "0-1", "--ranks", "4", "--incidents", "none,slow_node,straggler", "--json", "c.json",
-                   cwd=tmp_path)  # fmt: skip
+    healthy run page no cluster alert; the plate's incidents keep their signature. The faults
+    are read in seconds from the fault: a hang's TrainingStalled within T + 5 = 15 s, a crash's
+    RankDown and JobRestarted within 15 s."""
+    res = backtest("--seeds", "0-1", "--ranks", "4", "--incidents", "none,slow_node,straggler,hang,rank_crash,ecc",
+                   "--json", "c.json", cwd=tmp_path)  # fmt: skip
     assert res.returncode == 0, res.stderr
     doc = json.loads((tmp_path / "c.json").read_text())
     incidents = doc["summary"]["incidents"]
-    assert {i: v["signature_matched"] for i, v in incidents.items()} == {"none": 2, "slow_node": 2, "straggler": 2}
+    assert {i: v["signature_matched"] for i, v in incidents.items()} == dict.fromkeys(
+        ("none", "slow_node", "straggler", "hang", "rank_crash", "ecc"), 2
+    )
+    after = {(r["incident"], a): s for r in doc["runs"] for a, s in r.get("after_fault", {}).items()}
+    assert 10 <= after[("hang", "TrainingStalled")] <= 15 and after[("hang", "GPUXidError")] is None
+    assert after[("rank_crash", "RankDown")] <= 15 and after[("rank_crash", "JobRestarted")] <= 15
+    assert "seconds from the fault to the first fire" in res.stdout
     assert incidents["straggler"]["named_right_rank"] == {"StragglerRank": 2}
     assert all(300 <= s <= 321 for s in first_fires(doc, "straggler", "StragglerRank"))
     for incident in ("none", "slow_node"):
