@@ -167,7 +167,8 @@ def test_the_live_ranks_wait_for_the_straggler(tmp_path):
             m = re.match(r"run rk rank (\d): serving (http://[0-9.:]+/metrics)$", line)
             if m and m[1] not in urls:  # a rank's own server is the first it names
                 urls[m[1]] = m[2]
-        metrics = {int(r): scrape(u) for r, u in urls.items()}
+        # rank 0 says completed once its last exchange is done; the others record theirs a moment later
+        metrics = wait_for(lambda: all_at_step(urls, 39), 30, "every rank to record step 39")
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
@@ -183,6 +184,11 @@ def test_the_live_ranks_wait_for_the_straggler(tmp_path):
         assert metrics[r]["DCGM_FI_DEV_SM_CLOCK"] == NOMINAL_SM_MHZ
     assert metrics[slow]["DCGM_FI_DEV_SM_CLOCK"] == NOMINAL_SM_MHZ * 0.7
     assert metrics[slow]["DCGM_FI_DEV_GPU_TEMP"] > 85
+
+
+def all_at_step(urls: dict[str, str], step: int) -> dict[int, dict[str, float]] | None:
+    metrics = {int(r): scrape(u) for r, u in urls.items()}
+    return metrics if all(m["runwatch_rank_step"] == step for m in metrics.values()) else None
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -318,8 +324,11 @@ def test_a_crash_restarts_the_job_from_its_checkpoint_and_counts_the_steps_lost(
         proc.communicate(timeout=60)
     out = "".join(seen)
     assert "rank 1: Xid 79: GPU has fallen off the bus" in out
-    assert ("run rk: the job stopped after step 71 (a rank failed, exit status 1); restarting from the checkpoint "
-            "of step 49 in 0.5 s, 22 steps lost") in out  # fmt: skip
+    # mpiexec's exit status is its own: 1 here, another under load
+    stopped = (
+        r"run rk: the job stopped after step 71 \(a rank failed, exit status \d+\); restarting from the checkpoint"
+    )
+    assert re.search(stopped + r" of step 49 in 0.5 s, 22 steps lost", out), out
     assert (job["runwatch_job_restarts_total"], job["runwatch_job_lost_steps_total"]) == (1, 22)
     assert 0 < job["runwatch_job_ettr"] < 1
     saved = np.load(tmp_path / "run" / "checkpoints" / "checkpoint-000099.npz")
