@@ -4,9 +4,10 @@
 
 1. Trains every seed x incident offline, all runs of a chunk of seeds as one batched numpy
    computation (trainer.batch: bit for bit the runs `runwatch train --offline` writes).
-2. Writes the runs as OpenMetrics and loads them into a fresh TSDB with
-   `promtool tsdb create-blocks-from openmetrics`, in parallel chunks. The loaded blocks are
-   cached (runwatch.datacache): a backtest of the same runs, under edited rules, starts here.
+2. Pushes each chunk's samples, as the offline writer would write them, into a loading
+   Prometheus over remote write (runwatch.remote_write), whose snapshot writes them out as a
+   TSDB block. The block is cached (runwatch.datacache): a backtest of the same runs, under
+   edited rules, starts here.
 3. Starts a throwaway Prometheus over it (loopback, free port, retention 100y). Recording rules
    are evaluated where the alerts read them, as subqueries on a 1 s grid (runwatch.inline); a
    recording rule read in a form that cannot be inlined exactly is backfilled first, with
@@ -35,6 +36,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import requests
 import yaml
 
 from exporter.metrics import STEP
@@ -46,9 +48,10 @@ from runwatch.inline import Inliner, references
 from runwatch.names import CLUSTER_ALERTS, META_GROUP
 from runwatch.paths import Layout, binary, run_tool
 from runwatch.promserver import Process, free_port, query_range
+from runwatch.remote_write import push, write_request
 from trainer.batch import train_many
 from trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
-from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, write_openmetrics
+from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, series
 from trainer.run import struck_rank
 
 # A load or backfill that runs past this is hung, not slow: 500 runs load in about 8 s here.
@@ -71,7 +74,8 @@ RECORD_GROUP, RECORD_FILE = "backfill-249", "backfill.yml"
 # Alert queries in flight at once; Prometheus's own limit (--query.max-concurrency) is 20.
 MAX_QUERIES = 16
 # The data's cache: bump when what an entry holds changes meaning.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
+RESULTS_FORMAT = 1  # an alert's kept result: each series that fired, and when it first did
 CACHE_MAX_MB = 512  # about 34 backtests of 100 seeds (15 MB each)
 
 
@@ -171,16 +175,14 @@ def families_read(rules: Rules) -> set[str]:
     return {f for f in FAMILIES if f in names or f"{f}_total" in names} | {STEP, "up"}  # a counter's samples: _total
 
 
-def _simulate_chunk(
-    args: tuple[list[int], tuple[str, ...], str, str, str, set[str], str, int],
-) -> tuple[list[dict], int]:
-    """Worker: train a chunk of seeds, write one OpenMetrics file, backfill it into data_dir."""
-    seeds, incidents, om_path, data_dir, promtool, families, precision, ranks = args
+def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, set[str], str, int]) -> tuple[list[dict], int]:
+    """Worker: train a chunk of seeds and push their samples into the loading Prometheus at base."""
+    seeds, incidents, base, families, precision, ranks = args
     configs = [
         TrainConfig(incident=i, seed=seed, precision=precision, ranks=ranks) for seed in seeds for i in incidents
     ]
-    # Hundreds of thousands of records and lines, and no reference cycles among them: the
-    # cyclic collector would only walk them again and again (5-10% of a chunk's time).
+    # Hundreds of thousands of records, and no reference cycles among them: the cyclic
+    # collector would only walk them again and again (5-10% of a chunk's time).
     gc.disable()
     try:
         runs, meta = [], []
@@ -189,15 +191,11 @@ def _simulate_chunk(
             runs.append(run)
             meta.append({"incident": cfg.incident, "seed": cfg.seed, "run_id": cfg.label, "end": run.end_time(),
                          **({"fault_at": run.fault_time()} if cfg.incident in plate.FAULTS else {})})  # fmt: skip
-        with open(om_path, "w") as fh:
-            samples = write_openmetrics(runs, fh, families)
+        body, samples = write_request(s for run in runs for s in series(run, families))
     finally:
         gc.enable()
-    del runs  # before promtool runs beside it
-    proc = run_tool([promtool, "tsdb", "create-blocks-from", "openmetrics", om_path, data_dir], BACKFILL_TIMEOUT_S)
-    os.unlink(om_path)
-    if proc.returncode != 0:
-        raise RuntimeError(f"promtool create-blocks-from openmetrics failed: {proc.stderr.strip()[-500:]}")
+    del runs
+    push(base, body)
     return meta, samples
 
 
@@ -241,7 +239,8 @@ class Progress:
 
     def __call__(self, text: str, done: bool = True) -> None:
         end = "\n" if (done or not self.tty) else "\r"
-        print(f"backtest: {text}".ljust(60), end=end, file=self.stream, flush=True)
+        self.stream.write(f"backtest: {text}".ljust(60) + end)  # one write: the alert queries report from threads
+        self.stream.flush()
 
 
 @dataclass
@@ -253,6 +252,7 @@ class Throwaway:
     base: str
     start: float  # the grid's first evaluation, a whole second
     end: float  # its last one is the last whole second up to here
+    log: str = "prometheus.log"
 
     @property
     def data(self) -> str:
@@ -261,7 +261,7 @@ class Throwaway:
     def running(self) -> Process:
         # Prometheus closes its TSDB only once the queries in flight end; this one's data is
         # thrown away, so a Ctrl-C during a slow query need not wait for it.
-        return Process(self.argv, f"{self.base}/-/ready", self.tmpdir / "prometheus.log", grace=1.0)
+        return Process(self.argv, f"{self.base}/-/ready", self.tmpdir / self.log, grace=1.0)
 
 
 @dataclass
@@ -271,6 +271,22 @@ class Plan:
 
     passes: list[list[dict]]
     conditions: list[str]
+
+
+@dataclass
+class Kept:
+    """Alert results kept with the runs' cache entry `key`: a query evaluated once on this data,
+    this grid and these backfilled recordings is read back, not evaluated again."""
+
+    cache: DataCache
+    key: str
+    grid: dict  # everything besides the query's text that its result follows from
+
+    def get(self, query: str) -> list[dict] | None:
+        return self.cache.result(self.key, {**self.grid, "query": query})
+
+    def put(self, query: str, found: list[dict]) -> None:
+        self.cache.keep(self.key, {**self.grid, "query": query}, found)
 
 
 def plan(rules: Rules, since: float, inline: bool = True) -> Plan:
@@ -298,35 +314,35 @@ def plan(rules: Rules, since: float, inline: bool = True) -> Plan:
 
 
 def _load(
-    seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, rules: Rules, promtool: str, workers: int,
-    precision: str, progress: Progress, cache: DataCache | None, ranks: int = 1,
+    seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, families: set[str], prometheus: str, workers: int,
+    precision: str, progress: Progress, cache: DataCache | None, key: str, ranks: int = 1,
 ) -> tuple[list[dict], int, bool]:  # fmt: skip
-    """Steps 1-2, or their cached result: (the runs' metadata, samples loaded, from the cache)."""
-    families = families_read(rules)
+    """Steps 1-2, or their cached result (entry `key`): (the runs' metadata, samples loaded,
+    from the cache)."""
     if cache is not None:
-        key = cache_key(seeds, incidents, precision, families, promtool, ranks)
         found = cache.get(key, tmpdir / "data")
         if found is not None:
             progress(f"loaded {len(found['runs'])} runs from the cache ({cache.root / key})")
             return found["runs"], found["samples"], True
-    meta, samples = _train_and_load(seeds, incidents, tmpdir, families, promtool, workers, precision, progress, ranks)
+    meta, samples = _train_and_load(seeds, incidents, tmpdir, families, prometheus, workers, precision, progress, ranks)
     if cache is not None:
         cache.put(key, tmpdir / "data", {"runs": meta, "samples": samples})
     return meta, samples, False
 
 
 def cache_key(
-    seeds: list[int], incidents: tuple[str, ...], precision: str, families: set[str], promtool: str, ranks: int = 1
+    seeds: list[int], incidents: tuple[str, ...], precision: str, families: set[str], prometheus: str, ranks: int = 1
 ) -> str:
     """Everything the loaded data follows from: the trainer's code and config (its defaults are
-    code), numpy, promtool, the runs asked for, the families loaded and the stamps' shift."""
+    code), numpy, the Prometheus that wrote the blocks, the runs asked for, the families loaded
+    and the stamps' shift."""
     import numpy
 
-    tool = Path(promtool).resolve().stat()
+    tool = Path(prometheus).resolve().stat()
     parts = {
         "format": CACHE_FORMAT, "seeds": seeds, "incidents": list(incidents), "precision": precision,
         "families": sorted(families), "numpy": numpy.__version__,
-        "promtool": [promtool, tool.st_size, tool.st_mtime_ns],
+        "prometheus": [prometheus, tool.st_size, tool.st_mtime_ns],
         "shift_ms": GRID_PHASE_MS, "start": DEFAULT_START, **({"ranks": ranks} if ranks > 1 else {}),
     }  # fmt: skip
     here = Path(__file__).resolve().parents[1]
@@ -335,23 +351,50 @@ def cache_key(
 
 
 def _train_and_load(
-    seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, families: set[str], promtool: str, workers: int,
+    seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, families: set[str], prometheus: str, workers: int,
     precision: str, progress: Progress, ranks: int = 1,
 ) -> tuple[list[dict], int]:  # fmt: skip
-    """Steps 1-2: every seed x incident trained and backfilled into tmpdir/data, in parallel chunks."""
+    """Steps 1-2: every seed x incident trained in parallel chunks, pushed into a loading
+    Prometheus, and written out as a block into tmpdir/data."""
     n_chunks = max(1, min(len(seeds), 2 * workers))
     chunks = [seeds[i::n_chunks] for i in range(n_chunks)]
-    jobs = [
-        (c, incidents, str(tmpdir / f"chunk{i}.om"), str(tmpdir / "data"), promtool, families, precision, ranks)
-        for i, c in enumerate(chunks)
-    ]
+    loader = _loader(prometheus, tmpdir)
     meta, samples = [], 0
-    with ProcessPoolExecutor(workers) as pool:
+    with loader.running(), ProcessPoolExecutor(workers) as pool:
+        jobs = [(c, incidents, loader.base, families, precision, ranks) for c in chunks]
         for i, (m, n) in enumerate(pool.map(_simulate_chunk, jobs), 1):
             meta += m
             samples += n
             progress(f"trained and loaded {i}/{n_chunks} chunks ({len(meta)} runs)", done=i == n_chunks)
+        _snapshot(loader, tmpdir / "data")
     return meta, samples
+
+
+def _loader(prometheus: str, tmpdir: Path) -> Throwaway:
+    """A Prometheus that takes the runs' samples over remote write (runwatch.remote_write)."""
+    port = free_port()
+    (tmpdir / "loader.yml").write_text("global: {}\n")
+    argv = [
+        prometheus,
+        f"--config.file={tmpdir / 'loader.yml'}",
+        f"--storage.tsdb.path={tmpdir / 'loader'}",
+        f"--storage.tsdb.retention.time={RETENTION}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.enable-remote-write-receiver",
+        "--web.enable-admin-api",  # for its snapshot; loopback, a free port, thrown away
+    ]
+    return Throwaway(tmpdir, argv, f"http://127.0.0.1:{port}", DEFAULT_START, DEFAULT_START, log="loader.log")
+
+
+def _snapshot(loader: Throwaway, data: Path) -> None:
+    """The loader's head, written out as TSDB blocks, moved into data."""
+    resp = requests.post(f"{loader.base}/api/v1/admin/tsdb/snapshot", timeout=BACKFILL_TIMEOUT_S)
+    if resp.status_code != 200:
+        raise RuntimeError(f"Prometheus could not snapshot the loaded runs ({resp.status_code}): {resp.text[:300]}")
+    taken = Path(loader.tmpdir / "loader" / "snapshots" / resp.json()["data"]["name"])
+    data.mkdir(exist_ok=True)
+    for block in taken.iterdir():
+        block.rename(data / block.name)
 
 
 def _throwaway(prometheus: str, tmpdir: Path, meta: list[dict]) -> Throwaway:
@@ -388,21 +431,35 @@ def _backfill(prom: Throwaway, passes: list[list[dict]], promtool: str, progress
 
 
 def _read_alerts(
-    prom: Throwaway, rules: Rules, conditions: list[str], run_ids: set[str], progress: Progress
+    prom: Throwaway,
+    rules: Rules,
+    conditions: list[str],
+    run_ids: set[str],
+    progress: Progress,
+    kept: Kept | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, int], dict[str, dict[float, int]], dict[str, dict[str, set[str]]]]:
     """Steps 4-5: each alert on the grid, and each run's step at the evaluations where one first fired.
 
     Returns (run -> alert -> first firing time, alert -> firing series of no run, run -> time -> step,
-    run -> alert -> the `rank` labels of its series that fired first).
+    run -> alert -> the `rank` labels of its series that fired first). `kept`: alert results of
+    earlier backtests on the same runs, read instead of evaluated (and the new ones kept).
     """
     first: dict[str, dict[str, float]] = {run: {} for run in run_ids}
     named: dict[str, dict[str, set[str]]] = {run: {} for run in run_ids}  # the ranks firing first
     unattributed: dict[str, int] = {}
 
     def firing(i: int) -> list[dict]:
-        rule = rules.alerting[i]
-        progress(f"reading {rule['alert']} ({i + 1}/{len(rules.alerting)})", done=i + 1 == len(rules.alerting))
-        return query_range(prom.base, firing_query(conditions[i], rule), prom.start, prom.end)
+        """Each series that fired, with the first evaluation it fired at."""
+        rule, query = rules.alerting[i], firing_query(conditions[i], rules.alerting[i])
+        found = kept.get(query) if kept is not None else None
+        what = f"reading {rule['alert']}" + (" from the cache" if found is not None else "")
+        progress(f"{what} ({i + 1}/{len(rules.alerting)})", done=i + 1 == len(rules.alerting))
+        if found is None:
+            found = [{"metric": s["metric"], "at": s["values"][0][0]}
+                     for s in query_range(prom.base, query, prom.start, prom.end)]  # fmt: skip
+            if kept is not None:
+                kept.put(query, found)
+        return found
 
     # Prometheus evaluates the queries in parallel, all at once: each query takes one core, and
     # the costliest do not wait for a thread. Prometheus stops first on the way out, so that a
@@ -414,7 +471,7 @@ def _read_alerts(
                 if run is None:
                     unattributed[rule["alert"]] = unattributed.get(rule["alert"], 0) + 1
                     continue
-                t, alert = float(series["values"][0][0]), rule["alert"]
+                t, alert = float(series["at"]), rule["alert"]
                 if alert not in first[run] or t < first[run][alert]:
                     first[run][alert], named[run][alert] = t, set()
                 if t == first[run][alert] and "rank" in series["metric"]:
@@ -446,10 +503,12 @@ def backtest(
     rules = load_rules(rules_dir, promtool)
     workers = workers or os.cpu_count() or 1
     timings: dict[str, float] = {}
+    families = families_read(rules)
+    key = cache_key(seeds, incidents, precision, families, prometheus, ranks) if cache is not None else ""
     with tempfile.TemporaryDirectory(prefix="runwatch-backtest-") as tmp:
         t0 = time.perf_counter()
         meta, samples, cached = _load(
-            seeds, incidents, Path(tmp), rules, promtool, workers, precision, progress, cache, ranks
+            seeds, incidents, Path(tmp), families, prometheus, workers, precision, progress, cache, key, ranks
         )
         timings["train_and_load"] = time.perf_counter() - t0
         prom = _throwaway(prometheus, Path(tmp), meta)
@@ -459,8 +518,14 @@ def backtest(
         timings["backfill_rules"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         alerts = list(dict.fromkeys(r["alert"] for r in rules.alerting))
+        kept = None
+        if cache is not None:
+            tool = Path(prometheus).resolve().stat()
+            grid = {"format": RESULTS_FORMAT, "start": prom.start, "end": prom.end, "lookback": LOOKBACK,
+                    "prometheus": [prometheus, tool.st_size, tool.st_mtime_ns], "backfilled": how.passes}  # fmt: skip
+            kept = Kept(cache, key, grid)
         first, unattributed, step_at, named = _read_alerts(
-            prom, rules, how.conditions, {m["run_id"] for m in meta}, progress
+            prom, rules, how.conditions, {m["run_id"] for m in meta}, progress, kept
         )
         timings["alerts"] = time.perf_counter() - t0
 

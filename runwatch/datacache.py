@@ -1,8 +1,9 @@
 """The backtest's loaded runs, kept between backtests: a rule edit does not change the data.
 
-An entry is the TSDB blocks that `promtool tsdb create-blocks-from openmetrics` wrote for one
-backtest's runs, with the runs' list, under a key that hashes everything the data follows from
-(trainer code and config, numpy, promtool, seeds, incidents, precision, the families loaded).
+An entry is the TSDB blocks that the backtest's loading Prometheus wrote for one backtest's
+runs (runwatch.remote_write), with the runs' list, under a key that hashes everything the data
+follows from (trainer code and config, numpy, that Prometheus, seeds, incidents, precision, the
+families loaded).
 It lives in the user's cache directory, `$XDG_CACHE_HOME/runwatch/backtest` (default
 `~/.cache/runwatch/backtest`), or in `$RUNWATCH_CACHE` when that is set.
 
@@ -11,7 +12,10 @@ entry that does not match it, or cannot be read, is deleted and rebuilt. Entries
 whole (a temporary folder, renamed), so a crash or a concurrent backtest leaves no half entry.
 The oldest-used entries go once the cache holds more than its cap.
 
-Not a store of results: rules are evaluated afresh every time.
+An entry also keeps the results of queries run against its blocks (`result`, `keep`), each
+under a hash of everything that produced it (the query text, its grid, the Prometheus), in a
+file that holds that spec and its result's SHA-256: after a rule edit, only the alerts whose
+query changed are evaluated again. A damaged result is deleted and evaluated afresh.
 
     >>> cache = DataCache(default_root(), max_bytes=512 * 2**20)
     >>> meta = cache.get(key, into=tmp / "data")    # None on a miss
@@ -28,8 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from runwatch.files import write_atomic
+
 MANIFEST = "manifest.json"
 BLOCKS = "blocks"
+RESULTS = "results"
 # a temporary entry older than this belongs to no running backtest (one takes under a minute)
 ABANDONED_S = 3600
 
@@ -56,6 +63,10 @@ def _digest(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _hash(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
 def _files(folder: Path) -> dict[str, dict]:
@@ -108,6 +119,33 @@ class DataCache:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.evict()
+
+    def result(self, key: str, spec: dict) -> object | None:
+        """The result kept with entry `key` for `spec` (JSON: what produced it); None if there is
+        none, or a damaged one (then it is deleted)."""
+        path = self.root / key / RESULTS / f"{_hash(spec)[:32]}.json"
+        try:
+            kept = json.loads(path.read_text())
+            if kept["spec"] != spec or kept["sha256"] != _hash(kept["result"]):
+                raise ValueError("not the result of this spec")
+            return kept["result"]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)  # damaged: evaluated again by the caller
+            return None
+
+    def keep(self, key: str, spec: dict, result: object) -> None:
+        """Keep `result` (JSON) for `spec` with entry `key`, if that entry is still in the cache."""
+        if not (self.root / key / MANIFEST).is_file():  # evicted, or never stored
+            return
+        folder = self.root / key / RESULTS
+        kept = json.dumps({"spec": spec, "sha256": _hash(result), "result": result})
+        try:
+            folder.mkdir(exist_ok=True)
+            write_atomic(folder / f"{_hash(spec)[:32]}.json", kept)
+        except OSError:  # evicted meanwhile by another backtest: evaluated again next time
+            pass
 
     def evict(self) -> None:
         """Delete the least recently used entries while the cache holds more than max_bytes."""

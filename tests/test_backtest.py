@@ -244,6 +244,7 @@ def test_a_rule_edit_reads_the_cached_runs_and_a_damaged_cache_is_rebuilt(tmp_pa
     assert "loaded 4 runs from the cache" in again.stderr and "trained" not in again.stderr
     assert "(from the cache)" in again.stdout
     assert readouts(tmp_path / "b.json") == readouts(tmp_path / "a.json")
+    assert re.findall(r"reading (\w+) \(", again.stderr) == []  # every alert's result kept from the first run
 
     # the learner's edit: the same runs, read from the cache, under the new rule
     rules = tmp_path / "rules"
@@ -251,9 +252,17 @@ def test_a_rule_edit_reads_the_cached_runs_and_a_damaged_cache_is_rebuilt(tmp_pa
     edit(rules / "alerts.yml", "ratio20s > 2\n", "ratio20s > 1.5\n", 1)
     edited = cached_backtest(cache, "--rules", str(rules), "--json", "e.json", cwd=tmp_path)
     assert "from the cache" in edited.stderr
+    assert re.findall(r"reading (\w+) \(", edited.stderr) == ["HeldOutGap"]  # only the edited alert is evaluated
     sooner = [r["first_fire"]["HeldOutGap"] for r in readouts(tmp_path / "e.json") if r["incident"] != "none"]
     before = [r["first_fire"]["HeldOutGap"] for r in readouts(tmp_path / "a.json") if r["incident"] != "none"]
     assert all(s < b for s, b in zip(sooner, before, strict=True)), (sooner, before)
+
+    # a damaged result is found by its checksum: that alert is evaluated again, the same
+    for kept in (entry / "results").iterdir():
+        kept.write_text(kept.read_text().replace('"at": ', '"at": 1'))
+    recomputed = cached_backtest(cache, "--json", "r.json", cwd=tmp_path)
+    assert "loaded 4 runs from the cache" in recomputed.stderr and "reading HeldOutGap (" in recomputed.stderr
+    assert readouts(tmp_path / "r.json") == readouts(tmp_path / "a.json")
 
     # a damaged block is found by its checksum: the entry is rebuilt, never read
     chunk = next(p for p in (entry / "blocks").rglob("chunks/*"))
@@ -306,7 +315,7 @@ def test_promtool_backfills_on_the_whole_seconds_subqueries_evaluate_on(tmp_path
     is at whole seconds, where an inlined subquery evaluates."""
     promtool, prometheus = need("promtool"), need("prometheus")
     families = {"runwatch_train_step", "up"}
-    meta, _ = bt._train_and_load([5], ("none",), tmp_path, families, promtool, 1, "fp64", lambda *a, **k: None)
+    meta, _ = bt._train_and_load([5], ("none",), tmp_path, families, prometheus, 1, "fp64", lambda *a, **k: None)
     prom = bt._throwaway(prometheus, tmp_path, meta)
     bt._backfill(prom, [[{"record": "backtest:step:count", "expr": "count(runwatch_train_step)"}]], promtool,
                  lambda *a, **k: None)  # fmt: skip

@@ -13,7 +13,7 @@ from tests.conftest import need
 
 
 def blocks(tmp_path, name: str, size: int):
-    """A folder shaped like promtool's output: one block directory, and a lock file that is not one."""
+    """A folder shaped like a TSDB's: one block directory, and a lock file that is not one."""
     folder = tmp_path / name
     (folder / "01BLOCK" / "chunks").mkdir(parents=True)
     (folder / "01BLOCK" / "meta.json").write_text("{}")
@@ -73,9 +73,27 @@ def test_the_key_follows_what_the_data_follows_from(tmp_path):
     assert key != key_of({"seeds": [2]}, [source])
     source.write_text("lr = 0.2\n")  # the trainer's code or config changed: a stale entry is not found
     assert key != key_of({"seeds": [1]}, [source])
-    promtool = need("promtool")
-    base = cache_key([1, 2], ("none",), "fp64", {"up"}, promtool)
-    assert base != cache_key([1, 2], ("none",), "fp16", {"up"}, promtool)
-    assert base != cache_key([1, 2], ("none", "lr_spike"), "fp64", {"up"}, promtool)
-    assert base != cache_key([1, 2], ("none",), "fp64", {"up", "runwatch_train_loss"}, promtool)
+    prometheus = need("prometheus")
+    base = cache_key([1, 2], ("none",), "fp64", {"up"}, prometheus)
+    assert base != cache_key([1, 2], ("none",), "fp16", {"up"}, prometheus)
+    assert base != cache_key([1, 2], ("none", "lr_spike"), "fp64", {"up"}, prometheus)
+    assert base != cache_key([1, 2], ("none",), "fp64", {"up", "runwatch_train_loss"}, prometheus)
     assert len(base) == 32
+
+
+def test_a_kept_result_comes_back_only_for_its_own_spec_and_intact(tmp_path):
+    cache = DataCache(tmp_path / "cache", max_bytes=1 << 20)
+    spec, found = {"query": "up == 0", "start": 1.0}, [{"metric": {"run_id": "a"}, "at": 5.0}]
+    cache.keep("k", spec, found)  # no entry "k" yet: nothing is kept
+    assert not (tmp_path / "cache").exists()
+    cache.put("k", blocks(tmp_path, "data", 10), {})
+    cache.keep("k", spec, found)
+    assert cache.result("k", spec) == found
+    assert cache.result("k", {**spec, "query": "up == 1"}) is None and cache.result("other", spec) is None
+    # an entry's results are not among its blocks: they leave the blocks' manifest whole
+    assert cache.get("k", tmp_path / "out") == {} and not (tmp_path / "out" / "results").exists()
+    [kept] = (tmp_path / "cache" / "k" / "results").iterdir()
+    kept.write_text(kept.read_text().replace('"at": 5.0', '"at": 6.0'))  # damaged: its SHA-256 no longer matches
+    assert cache.result("k", spec) is None and not kept.exists()
+    kept.write_text("{not json")
+    assert cache.result("k", spec) is None and not kept.exists()

@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -75,16 +76,18 @@ class OfflineRun:
         step = fault.step if fault.kind == "ecc" else fault.step - 1
         return self.step_time(step) - self.shift_ms / 1000
 
-    def stamps(self) -> list[str]:
-        """Each sample's timestamp as written: seconds with millisecond precision."""
+    def stamps_ms(self) -> list[int]:
+        """Each sample's timestamp in Unix milliseconds: the lab clock rounded to the millisecond,
+        then shifted, exactly, in integers."""
         if self.samples is None:
             stamps = [f"{self.step_time(i):.3f}" for i in range(len(self.records))]
         else:
             stamps = [f"{self.start + s.t:.3f}" for s in self.samples]
-        if self.shift_ms:
-            ms = [int(s.replace(".", "")) - self.shift_ms for s in stamps]  # exact, in integers
-            stamps = [f"{t // 1000}.{t % 1000:03d}" for t in ms]
-        return stamps
+        return [int(s.replace(".", "")) - self.shift_ms for s in stamps]
+
+    def stamps(self) -> list[str]:
+        """Each sample's timestamp as written: seconds with millisecond precision."""
+        return [f"{t // 1000}.{t % 1000:03d}" for t in self.stamps_ms()]
 
 
 def simulate(cfg: TrainConfig, start: float = DEFAULT_START) -> OfflineRun:
@@ -282,3 +285,25 @@ def write_openmetrics(runs: list[OfflineRun], fh: TextIO, families: set[str] | N
                 count += len(lines)
     fh.write("# EOF\n")
     return count
+
+
+# a label as _families writes it: its values are names and numbers, never quoted or escaped
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"')
+
+
+def series(
+    run: OfflineRun, families: set[str] | None = None
+) -> Iterator[tuple[str, list[tuple[str, str]], list[float], list[int]]]:
+    """Every series of one run, as write_openmetrics writes it: (sample name, its labels as
+    (name, value) pairs, one value per timestamp, the timestamps in Unix ms). A NaN value is no
+    sample. For a writer other than OpenMetrics text (runwatch.remote_write)."""
+    stamps = run.stamps_ms()
+    for name, (kind, entries) in _families(run).items():
+        if families is not None and name not in families:
+            continue
+        sample = f"{name}_total" if kind == "counter" else name
+        for labels, values in entries:
+            pairs = _LABEL.findall(labels)
+            if ",".join(f'{k}="{v}"' for k, v in pairs) != labels:  # a value this parse would misread
+                raise ValueError(f"series: cannot split the labels of {sample}: {labels}")
+            yield sample, pairs, values(), stamps
