@@ -91,6 +91,8 @@ class _Lanes:
 
     def __init__(self, lanes: list[TrainConfig], runs: list[TrainConfig], lane_of: list[int], means: np.ndarray):
         self.lanes, self.runs, self.lane_of, self.means = lanes, runs, lane_of, means
+        # one config of each incident: the learning rate and the incident follow from the incident alone
+        self.incidents = {c.incident: c for c in lanes + runs}
         # Trainer adds each step's duration to its clock in turn; add.accumulate does the same adds
         self.durations = np.stack([step_durations(c) for c in runs])
         self.lab_time = np.add.accumulate(self.durations, axis=1)
@@ -157,7 +159,7 @@ class _Lanes:
                 examples = np.arange(self.heldout_y.shape[1])[None, :]
                 self.heldout_loss = -held[self.heldout_y, lanes, examples].mean(axis=1)
             # --- update (the learning rate and the incident follow from the incident alone) ---
-            by_incident = {c.incident: (learning_rate(c, s), incident_active(c, s)) for c in self.lanes + self.runs}
+            by_incident = {i: (learning_rate(c, s), incident_active(c, s)) for i, c in self.incidents.items()}
             lr = np.array([by_incident[c.incident][0] for c in self.lanes])
             grad_norm = np.sqrt((g_w * g_w).sum(axis=(1, 2)) + (g_b * g_b).sum(axis=1))
             self.w -= lr[:, None, None] * g_w
