@@ -49,7 +49,7 @@ from runwatch.names import CLUSTER_ALERTS, META_GROUP
 from runwatch.paths import Layout, binary, run_tool
 from runwatch.promserver import Process, free_port, query_range
 from runwatch.remote_write import push, write_request
-from trainer.batch import train_many
+from trainer.batch import train_columns
 from trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
 from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, series
 from trainer.run import struck_rank
@@ -186,8 +186,8 @@ def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, set[str], str, 
     gc.disable()
     try:
         runs, meta = [], []
-        for cfg, records in zip(configs, train_many(configs), strict=True):
-            run = OfflineRun(cfg, records, shift_ms=GRID_PHASE_MS)
+        for cfg, columns in zip(configs, train_columns(configs), strict=True):
+            run = OfflineRun(cfg, columns, shift_ms=GRID_PHASE_MS)
             runs.append(run)
             meta.append({"incident": cfg.incident, "seed": cfg.seed, "run_id": cfg.label, "end": run.end_time(),
                          **({"fault_at": run.fault_time()} if cfg.incident in plate.FAULTS else {})})  # fmt: skip

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from trainer import model
-from trainer.batch import log_softmax_by_class, train_many
+from trainer.batch import log_softmax_by_class, train_columns, train_many
 from trainer.config import INCIDENTS, MAX_SEED, TrainConfig
 from trainer.offline import OfflineRun, write_openmetrics
 from trainer.run import Trainer
@@ -40,6 +40,7 @@ def test_every_lane_is_the_one_run_trainer_bit_for_bit():
 
 
 def test_a_lane_writes_the_file_runwatch_train_offline_writes(tmp_path):
+    """Field by field, as the backtest reads its lanes (train_columns), without a record per step."""
     cfg = TrainConfig(seed=137, incident="repeated_batch")
     out = tmp_path / "run.om"
     proc = subprocess.run(
@@ -47,7 +48,7 @@ def test_a_lane_writes_the_file_runwatch_train_offline_writes(tmp_path):
          "--incident", "repeated_batch"], capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    lane = train_many([TrainConfig(seed=137), cfg])[1]
+    lane = train_columns([TrainConfig(seed=137), cfg])[1]
     buffer = io.StringIO()
     write_openmetrics([OfflineRun(cfg, lane)], buffer)
     assert buffer.getvalue() == out.read_text()

@@ -28,7 +28,7 @@ import numpy as np
 
 from trainer import model
 from trainer.config import TrainConfig
-from trainer.record import StepRecord
+from trainer.record import Columns, StepRecord
 from trainer.run import (
     Trainer,
     arithmetic,
@@ -47,6 +47,12 @@ from trainer.run import (
 
 def train_many(configs: list[TrainConfig]) -> list[list[StepRecord]]:
     """Every config's whole run, in order. The configs may differ only in seed and incident."""
+    return [run.records() for run in train_columns(configs)]
+
+
+def train_columns(configs: list[TrainConfig]) -> list[Columns]:
+    """train_many's runs, field by field (trainer.record.Columns): the batched runs are never
+    made into records, one per step, for the offline writer only to take them apart again."""
     if not configs:
         return []
     base = dataclasses.replace(configs[0], seed=0, incident="none")
@@ -55,7 +61,7 @@ def train_many(configs: list[TrainConfig]) -> list[list[StepRecord]]:
         if dataclasses.replace(cfg, seed=0, incident="none") != base:
             raise ValueError("train_many: the configs may differ only in seed and incident")
     if base.precision == "fp16" or base.ranks > 1:  # the loss scaler branches per run; ranks split the batch
-        return _one_by_one(configs)
+        return [Columns.of(records) for records in _one_by_one(configs)]
     seeds = sorted({c.seed for c in configs})
     healthy = [dataclasses.replace(base, seed=s) for s in seeds]
     means = model.class_means(base)
@@ -137,11 +143,13 @@ class _Lanes:
             ys.append(corrupt_labels(cfg, step, y))
         return np.stack(xs), np.stack(ys)
 
-    def run(self, start: int, stop: int) -> list[list[StepRecord]]:
-        """Steps [start, stop) of every lane; one list of records per run."""
+    def run(self, start: int, stop: int) -> list[Columns]:
+        """Steps [start, stop) of every lane; each run's, field by field."""
         cfg0 = self.lanes[0]
-        lanes, out = np.arange(len(self.lanes))[:, None], [[] for _ in self.runs]
-        durations, lab_time = self.durations.tolist(), self.lab_time.tolist()  # Python floats, as Trainer's
+        lanes = np.arange(len(self.lanes))[:, None]
+        # each step's value of every lane, and of every incident
+        losses, heldout, grad_norms, lrs, weight_norms, expected, all_logits = [], [], [], [], [], [], []
+        active: dict[str, list[bool]] = {i: [] for i in self.incidents}
         for s in range(start, stop):
             # --- batch, forward, backward (model.forward_backward, lane by lane) ---
             x, y = self._batches(s)
@@ -159,8 +167,8 @@ class _Lanes:
                 examples = np.arange(self.heldout_y.shape[1])[None, :]
                 self.heldout_loss = -held[self.heldout_y, lanes, examples].mean(axis=1)
             # --- update (the learning rate and the incident follow from the incident alone) ---
-            by_incident = {i: (learning_rate(c, s), incident_active(c, s)) for i, c in self.incidents.items()}
-            lr = np.array([by_incident[c.incident][0] for c in self.lanes])
+            lr_of = {i: learning_rate(c, s) for i, c in self.incidents.items()}
+            lr = np.array([lr_of[c.incident] for c in self.lanes])
             grad_norm = np.sqrt((g_w * g_w).sum(axis=(1, 2)) + (g_b * g_b).sum(axis=1))
             self.w -= lr[:, None, None] * g_w
             self.b -= lr[:, None] * g_b
@@ -169,31 +177,30 @@ class _Lanes:
                 self.fit_losses[:, s - cfg0.fit_start] = loss
                 if s == cfg0.fit_end - 1:
                     self.fits = [fit_expected(c, self.fit_losses[j]) for j, c in enumerate(self.lanes)]
-            # --- the records: each run reads its lane's arithmetic, on its own clock ---
-            lane = {
-                "loss": loss.tolist(), "heldout_loss": self.heldout_loss.tolist(), "gradient_norm": grad_norm.tolist(),
-                "lr": lr.tolist(), "weight_norm": [weight_norm(w, b) for w, b in zip(self.w, self.b, strict=True)],
-                "expected_loss": [expected_loss(fit, s) for fit in self.fits],
-            }  # fmt: skip
-            for i, (c, j) in enumerate(zip(self.runs, self.lane_of, strict=True)):
-                out[i].append(
-                    StepRecord(
-                        step=s,
-                        loss=lane["loss"][j],
-                        heldout_loss=lane["heldout_loss"][j],
-                        gradient_norm=lane["gradient_norm"][j],
-                        lr=lane["lr"][j],
-                        duration_seconds=durations[i][s],
-                        tokens=c.batch_size * c.tokens_per_example,
-                        incident_active=by_incident[c.incident][1],
-                        lab_time=lab_time[i][s],
-                        weight_norm=lane["weight_norm"][j],
-                        expected_loss=lane["expected_loss"][j],
-                        loss_scale=float("nan"),
-                        skipped=False,
-                        logits=logits[j],
-                    )
-                )
+            # --- what the step recorded, lane by lane ---
+            losses.append(loss)
+            heldout.append(self.heldout_loss)
+            grad_norms.append(grad_norm)
+            lrs.append(lr)
+            weight_norms.append([weight_norm(w, b) for w, b in zip(self.w, self.b, strict=True)])
+            expected.append([expected_loss(fit, s) for fit in self.fits])
+            all_logits.append(logits)
+            for i, c in self.incidents.items():
+                active[i].append(incident_active(c, s))
+        # --- the columns: each run reads its lane's arithmetic, on its own clock ---
+        n = stop - start
+        by_lane = [np.array(v).T.tolist() for v in (losses, heldout, grad_norms, lrs, weight_norms, expected)]
+        by_lane.append([[step[j] for step in all_logits] for j in range(len(self.lanes))])
+        durations, lab_time = self.durations[:, start:stop].tolist(), self.lab_time[:, start:stop].tolist()
+        out = []
+        for i, (c, j) in enumerate(zip(self.runs, self.lane_of, strict=True)):
+            loss_, held_, norm_, lr_, weight_, expected_, logits_ = (lists[j] for lists in by_lane)
+            out.append(Columns(
+                step=list(range(start, stop)), loss=loss_, heldout_loss=held_, gradient_norm=norm_, lr=lr_,
+                duration_seconds=durations[i], tokens=[c.batch_size * c.tokens_per_example] * n,
+                incident_active=active[c.incident], lab_time=lab_time[i], weight_norm=weight_, expected_loss=expected_,
+                loss_scale=[float("nan")] * n, skipped=[False] * n, logits=logits_,
+            ))  # fmt: skip
         return out
 
 

@@ -31,7 +31,7 @@ from exporter import rank_metrics as rm
 from trainer.config import TrainConfig
 from trainer.faults import Fault, Sample, attempts, fault_of, lost_steps, schedule
 from trainer.gpu import gpu_index, gpu_state, gpu_uuid, node_of
-from trainer.record import StepRecord, activation_norms
+from trainer.record import Columns, StepRecord
 from trainer.run import Trainer, compute_seconds
 
 # 2026-01-01T00:00:00Z: a fixed start keeps offline files reproducible byte for byte.
@@ -41,7 +41,7 @@ DEFAULT_START = 1767225600.0
 @dataclass(frozen=True)
 class OfflineRun:
     cfg: TrainConfig
-    records: list[StepRecord]
+    records: list[StepRecord] | Columns  # as the trainer made them, or field by field (trainer.batch)
     start: float = DEFAULT_START
     # Stamps this many milliseconds before the lab clock says, exactly: the backtest moves its
     # runs against Prometheus's whole-second grid (runwatch.backtest.GRID_PHASE_MS).
@@ -51,9 +51,14 @@ class OfflineRun:
     def labels(self) -> str:
         return f'job="trainer",instance="offline/{self.cfg.label}",run_id="{self.cfg.label}"'
 
+    @functools.cached_property
+    def columns(self) -> Columns:
+        """The run's records, field by field: what the writers read."""
+        return self.records if isinstance(self.records, Columns) else Columns.of(self.records)
+
     def step_time(self, i: int) -> float:
         """Unix time at which step i ends on the lab clock, if no fault stopped the job before it."""
-        return self.start + self.records[i].lab_time
+        return self.start + self.columns.lab_time[i]
 
     @functools.cached_property
     def samples(self) -> list[Sample] | None:
@@ -61,11 +66,11 @@ class OfflineRun:
         restart. None for any other run: one sample as each step ends."""
         if fault_of(self.cfg) is None:
             return None
-        return schedule(self.cfg, [r.lab_time for r in self.records], compute_seconds(self.cfg))
+        return schedule(self.cfg, self.columns.lab_time, compute_seconds(self.cfg))
 
     def end_time(self) -> float:
         """Unix time of the run's last sample (its last step's end, on the lab clock)."""
-        return self.start + (self.records[-1].lab_time if self.samples is None else self.samples[-1].t)
+        return self.start + (self.columns.lab_time[-1] if self.samples is None else self.samples[-1].t)
 
     def fault_time(self) -> float | None:
         """Unix time, as stamped, at which the run's fault struck: the end of the last step before
@@ -80,7 +85,7 @@ class OfflineRun:
         """Each sample's timestamp in Unix milliseconds: the lab clock rounded to the millisecond,
         then shifted, exactly, in integers."""
         if self.samples is None:
-            stamps = [f"{self.step_time(i):.3f}" for i in range(len(self.records))]
+            stamps = [f"{self.start + t:.3f}" for t in self.columns.lab_time]
         else:
             stamps = [f"{self.start + s.t:.3f}" for s in self.samples]
         return [int(s.replace(".", "")) - self.shift_ms for s in stamps]
@@ -104,16 +109,15 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Callable[
     """name -> (type, [(labels, a function giving one value per step), ...]) for one run: one
     series of each family, and one per rank of the rank families. The values are computed only
     for the families written (the backtest writes few)."""
-    recs, cfg = run.records, run.cfg
-    norms = functools.cache(lambda: activation_norms([r.logits for r in recs]))  # the whole run in one pass
-    n = len(recs)
+    col, cfg = run.columns, run.cfg  # the lists a value function returns are never written to
+    n = len(col)
     fam = {
-        m.STEP: ("gauge", run.labels, lambda: [float(r.step) for r in recs]),
-        m.LOSS: ("gauge", run.labels, lambda: [r.loss for r in recs]),
-        m.HELDOUT_LOSS: ("gauge", run.labels, lambda: [r.heldout_loss for r in recs]),
-        m.GRADIENT_NORM: ("gauge", run.labels, lambda: [r.gradient_norm for r in recs]),
-        m.TOKENS_PER_SECOND: ("gauge", run.labels, lambda: [r.tokens_per_second for r in recs]),
-        m.TOKENS: ("counter", run.labels, lambda: cumulative([r.tokens for r in recs])),
+        m.STEP: ("gauge", run.labels, lambda: [float(s) for s in col.step]),
+        m.LOSS: ("gauge", run.labels, lambda: col.loss),
+        m.HELDOUT_LOSS: ("gauge", run.labels, lambda: col.heldout_loss),
+        m.GRADIENT_NORM: ("gauge", run.labels, lambda: col.gradient_norm),
+        m.TOKENS_PER_SECOND: ("gauge", run.labels, lambda: col.tokens_per_second),
+        m.TOKENS: ("counter", run.labels, lambda: cumulative(col.tokens)),
         "up": ("gauge", f'job="trainer",instance="offline/{cfg.label}"', lambda: [1.0] * n),
     }
     info_incident = m.HIDDEN if cfg.drill else cfg.incident
@@ -121,16 +125,16 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Callable[
     fam[m.RUN_START] = ("gauge", run.labels, lambda: [run.start] * n)
     # the live exporter says when a run ended once it has: here, at its last step only
     fam[m.RUN_END] = ("gauge", run.labels, lambda: [math.nan] * (n - 1) + [run.end_time()])
-    fam[m.LOGIT_NORM_MEAN] = ("gauge", run.labels, lambda: norms()[0])
-    fam[m.LOGIT_NORM_MAX] = ("gauge", run.labels, lambda: norms()[1])
-    fam[m.WEIGHT_NORM] = ("gauge", run.labels, lambda: [r.weight_norm for r in recs])
-    fam[m.EXPECTED_LOSS] = ("gauge", run.labels, lambda: [r.expected_loss for r in recs])
+    fam[m.LOGIT_NORM_MEAN] = ("gauge", run.labels, lambda: col.logit_norms[0])  # the whole run in one pass
+    fam[m.LOGIT_NORM_MAX] = ("gauge", run.labels, lambda: col.logit_norms[1])
+    fam[m.WEIGHT_NORM] = ("gauge", run.labels, lambda: col.weight_norm)
+    fam[m.EXPECTED_LOSS] = ("gauge", run.labels, lambda: col.expected_loss)
     if cfg.precision == "fp16":
-        fam[m.LOSS_SCALE] = ("gauge", run.labels, lambda: [r.loss_scale for r in recs])
-        fam[m.SKIPPED_STEPS] = ("counter", run.labels, lambda: cumulative([int(r.skipped) for r in recs]))
+        fam[m.LOSS_SCALE] = ("gauge", run.labels, lambda: col.loss_scale)
+        fam[m.SKIPPED_STEPS] = ("counter", run.labels, lambda: cumulative([int(s) for s in col.skipped]))
     if not cfg.drill:
-        fam[m.LEARNING_RATE] = ("gauge", run.labels, lambda: [r.lr for r in recs])
-        fam[m.INCIDENT_ACTIVE] = ("gauge", run.labels, lambda: [1.0 if r.incident_active else 0.0 for r in recs])
+        fam[m.LEARNING_RATE] = ("gauge", run.labels, lambda: col.lr)
+        fam[m.INCIDENT_ACTIVE] = ("gauge", run.labels, lambda: [1.0 if a else 0.0 for a in col.incident_active])
     if run.samples is not None:  # rank 0 serves these: not while the job is down
         fam = {name: (kind, labels, _scraped(run, values)) for name, (kind, labels, values) in fam.items()}
         fam["up"] = ("gauge", fam["up"][1], lambda: [0.0 if s.state == "down" else 1.0 for s in run.samples])
@@ -157,12 +161,12 @@ def _rank_families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Call
     clock: each rank computes for its own device time; the exchange starts when the slowest
     arrives and takes collective_seconds, so a rank waits the step's duration less its own
     compute. A fault's stall, teardown and restart are as trainer.faults schedules them."""
-    cfg, recs, samples = run.cfg, run.records, run.samples
-    compute = functools.cache(lambda: compute_seconds(cfg)[:, : len(recs)])
-    steps = [r.duration_seconds for r in recs]
+    cfg, col, samples = run.cfg, run.columns, run.samples
+    compute = functools.cache(lambda: compute_seconds(cfg)[:, : len(col)])
+    steps = col.duration_seconds
     fault = fault_of(cfg)
     # (state, step, attempt) of every sample: a run without a fault has one per step
-    seen = samples or [Sample(r.lab_time, i, 0, "step") for i, r in enumerate(recs)]
+    seen = samples or [Sample(t, i, 0, "step") for i, t in enumerate(col.lab_time)]
     stamps = functools.cache(lambda: [float(t) for t in run.stamps()])
     fam: dict[str, tuple[str, list[tuple[str, Callable[[], list[float]]]]]] = {}
 
@@ -182,10 +186,10 @@ def _rank_families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Call
         gpu = f'{target},gpu="{gpu_index(cfg, rank)}",UUID="{gpu_uuid(cfg, rank)}",Hostname="{node_of(cfg, rank)}"'
         own = functools.cache(lambda rank=rank: compute()[rank].tolist())
         waits = functools.cache(lambda own=own: [d - c for d, c in zip(steps, own(), strict=True)])
-        states = functools.cache(lambda rank=rank: [gpu_state(cfg, rank, s) for s in range(len(recs))])
+        states = functools.cache(lambda rank=rank: [gpu_state(cfg, rank, s) for s in range(len(col))])
         # as the lab labels its rank targets (runwatch.lab): so that an alert on `up` names the rank
         add("up", "gauge", labels, lambda: [0.0 if s.state == "down" else 1.0 for s in seen], scraped=False)
-        add(rm.RANK_STEP, "gauge", labels, lambda: [float(r.step) for r in recs])
+        add(rm.RANK_STEP, "gauge", labels, lambda: [float(s) for s in col.step])
         add(rm.RANK_COMPUTE_SECONDS, "gauge", labels, own)
         add(rm.RANK_WAIT_SECONDS, "gauge", labels, waits)
         add(rm.RANK_STEP_SECONDS, "gauge", labels, lambda: list(steps))
@@ -231,8 +235,8 @@ def _xids(seen: list[Sample], fault: Fault | None, rank: int) -> list[float]:
 def _launcher(run: OfflineRun, seen: list[Sample]) -> tuple[list[float], list[float], list[float]]:
     """The launcher's restarts, lost steps and ETTR at each sample. A restart counts from the
     teardown; ETTR is the lab time of the steps the run keeps over the lab time so far."""
-    recs = run.records
-    runs = attempts(run.cfg, [r.lab_time for r in recs], compute_seconds(run.cfg)) if run.samples else []
+    lab_time = run.columns.lab_time
+    runs = attempts(run.cfg, lab_time, compute_seconds(run.cfg)) if run.samples else []
     restarts, lost, ettr = [], [], []
     for s in seen:
         done = s.attempt + (s.state == "down")  # attempts torn down by now
@@ -240,9 +244,9 @@ def _launcher(run: OfflineRun, seen: list[Sample]) -> tuple[list[float], list[fl
         lost.append(float(lost_steps(runs[: done + 1])))
         if s.state == "down":  # the steps since the checkpoint are lost
             first = runs[s.attempt + 1].first
-            kept = recs[first - 1].lab_time if first else 0.0
+            kept = lab_time[first - 1] if first else 0.0
         else:
-            kept = recs[s.step].lab_time
+            kept = lab_time[s.step]
         ettr.append(kept / s.t)
     return restarts, lost, ettr
 

@@ -74,3 +74,61 @@ def activation_norms(logits: list[Any]) -> tuple[list[float], list[float]]:
     mean = np.add.reduce(np.sqrt(squares), axis=-1) / squares.shape[-1]
     largest = np.sqrt(np.maximum.reduce(squares, axis=-1))
     return mean.tolist(), largest.tolist()
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A whole run's records field by field: one list per field of StepRecord, an entry per step
+    (logits: the batch's array at each step). The offline writer reads a run this way; the
+    batched trainer builds it without making a record per step. Never written to once built.
+
+    >>> cols = Columns.of(records)
+    >>> cols.loss[300] == records[300].loss
+    True
+    """
+
+    step: list[int]
+    loss: list[float]
+    heldout_loss: list[float]
+    gradient_norm: list[float]
+    lr: list[float]
+    duration_seconds: list[float]
+    tokens: list[int]
+    incident_active: list[bool]
+    lab_time: list[float]
+    weight_norm: list[float]
+    expected_loss: list[float]
+    loss_scale: list[float]
+    skipped: list[bool]
+    logits: list[Any]
+
+    @classmethod
+    def of(cls, records: list[StepRecord]) -> Columns:
+        return cls(**{f: [getattr(r, f) for r in records] for f in _FIELDS})
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def __add__(self, later: Columns) -> Columns:
+        """This run's steps, then `later`'s (a prefix, then the steps forked from it)."""
+        return Columns(**{f: getattr(self, f) + getattr(later, f) for f in _FIELDS})
+
+    def records(self) -> list[StepRecord]:
+        return [StepRecord(**dict(zip(_FIELDS, values, strict=True))) for values in zip(*self._lists(), strict=True)]
+
+    def _lists(self) -> list[list]:
+        return [getattr(self, f) for f in _FIELDS]
+
+    @cached_property
+    def tokens_per_second(self) -> list[float]:
+        return [t / d for t, d in zip(self.tokens, self.duration_seconds, strict=True)]  # as StepRecord's
+
+    @cached_property
+    def logit_norms(self) -> tuple[list[float], list[float]]:
+        """(mean, largest) of each step, as StepRecord's, for the whole run in one pass."""
+        if any(x is None for x in self.logits):
+            return [float("nan")] * len(self), [float("nan")] * len(self)
+        return activation_norms(self.logits)
+
+
+_FIELDS = tuple(f for f in StepRecord.__dataclass_fields__)
