@@ -54,7 +54,7 @@ from trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
 from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, series
 from trainer.run import struck_rank
 
-# A load or backfill that runs past this is hung, not slow: 500 runs load in about 8 s here.
+# A load, snapshot or backfill that runs past this is hung, not slow: 500 runs load in about 8 s here.
 BACKFILL_TIMEOUT_S = 900
 RETENTION = "100y"  # the runs are stamped in 2026-01; a short retention would delete them
 # A recording rule over ALERTS (alerts.yml's first-fire record) has no input here: the
