@@ -71,6 +71,8 @@ GRID_PHASE_MS = 615
 # A group whose name and file give it a phase of 0 ms (0.087 ms; the API rounds to 1 ms), so that
 # what promtool backfills lands on the same whole seconds (tests/test_backtest.py checks it).
 RECORD_GROUP, RECORD_FILE = "backfill-249", "backfill.yml"
+# Runs in one remote-write request: about 2 MB of one rank's runs, 20 MB of eight ranks'.
+PUSH_RUNS = 25
 # Alert queries in flight at once; Prometheus's own limit (--query.max-concurrency) is 20.
 MAX_QUERIES = 16
 # The data's cache: bump when what an entry holds changes meaning.
@@ -181,8 +183,8 @@ def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, set[str], str, 
     configs = [
         TrainConfig(incident=i, seed=seed, precision=precision, ranks=ranks) for seed in seeds for i in incidents
     ]
-    # Hundreds of thousands of records, and no reference cycles among them: the cyclic
-    # collector would only walk them again and again (5-10% of a chunk's time).
+    # Hundreds of thousands of values and arrays, and no reference cycles among them: the
+    # cyclic collector would only walk them again and again (5-10% of a chunk's time).
     gc.disable()
     try:
         runs, meta = [], []
@@ -191,11 +193,13 @@ def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, set[str], str, 
             runs.append(run)
             meta.append({"incident": cfg.incident, "seed": cfg.seed, "run_id": cfg.label, "end": run.end_time(),
                          **({"fault_at": run.fault_time()} if cfg.incident in plate.FAULTS else {})})  # fmt: skip
-        body, samples = write_request(s for run in runs for s in series(run, families))
+        samples = 0
+        for i in range(0, len(runs), PUSH_RUNS):
+            body, n = write_request(s for run in runs[i : i + PUSH_RUNS] for s in series(run, families))
+            push(base, body)
+            samples += n
     finally:
         gc.enable()
-    del runs
-    push(base, body)
     return meta, samples
 
 
@@ -338,16 +342,25 @@ def cache_key(
     and the stamps' shift."""
     import numpy
 
-    tool = Path(prometheus).resolve().stat()
     parts = {
         "format": CACHE_FORMAT, "seeds": seeds, "incidents": list(incidents), "precision": precision,
         "families": sorted(families), "numpy": numpy.__version__,
-        "prometheus": [prometheus, tool.st_size, tool.st_mtime_ns],
+        "prometheus": _identity(prometheus),
         "shift_ms": GRID_PHASE_MS, "start": DEFAULT_START, **({"ranks": ranks} if ranks > 1 else {}),
     }  # fmt: skip
     here = Path(__file__).resolve().parents[1]
-    sources = [*(here / "trainer").glob("*.py"), *(here / "exporter").glob("*metrics.py")]  # the names written
+    sources = [
+        *(here / "trainer").glob("*.py"),
+        *(here / "exporter").glob("*metrics.py"),  # the names written
+        here / "runwatch" / "remote_write.py",  # how they are loaded
+    ]
     return key_of(parts, sources)
+
+
+def _identity(tool: str) -> list:
+    """A binary as a cache key knows it: its path, size and modification time."""
+    found = Path(tool).resolve().stat()
+    return [tool, found.st_size, found.st_mtime_ns]
 
 
 def _train_and_load(
@@ -383,6 +396,7 @@ def _loader(prometheus: str, tmpdir: Path) -> Throwaway:
         "--web.enable-remote-write-receiver",
         "--web.enable-admin-api",  # for its snapshot; loopback, a free port, thrown away
     ]
+    # it evaluates nothing: its grid is empty
     return Throwaway(tmpdir, argv, f"http://127.0.0.1:{port}", DEFAULT_START, DEFAULT_START, log="loader.log")
 
 
@@ -520,9 +534,9 @@ def backtest(
         alerts = list(dict.fromkeys(r["alert"] for r in rules.alerting))
         kept = None
         if cache is not None:
-            tool = Path(prometheus).resolve().stat()
             grid = {"format": RESULTS_FORMAT, "start": prom.start, "end": prom.end, "lookback": LOOKBACK,
-                    "prometheus": [prometheus, tool.st_size, tool.st_mtime_ns], "backfilled": how.passes}  # fmt: skip
+                    "prometheus": _identity(prometheus), "promtool": _identity(promtool),
+                    "backfilled": how.passes}  # fmt: skip
             kept = Kept(cache, key, grid)
         first, unattributed, step_at, named = _read_alerts(
             prom, rules, how.conditions, {m["run_id"] for m in meta}, progress, kept

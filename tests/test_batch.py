@@ -80,3 +80,9 @@ def test_the_plane_by_plane_log_softmax_is_the_models_bit_for_bit(classes):
     logits[0, 0, 0] = 700.0  # an exponent near overflow, and a row of equal logits
     logits[1, 1, :] = 3.25
     assert np.array_equal(np.moveaxis(log_softmax_by_class(logits), 0, -1), model.log_softmax(logits))
+
+
+def test_an_onset_at_step_0_has_no_prefix_to_share():
+    configs = [TrainConfig(seed=1, onset=0, steps=20, incident=i) for i in ("none", "lr_spike")]
+    for cfg, records in zip(configs, train_many(configs), strict=True):
+        assert same_records(Trainer(cfg).run(), records) == []

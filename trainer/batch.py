@@ -187,10 +187,20 @@ class _Lanes:
             all_logits.append(logits)
             for i, c in self.incidents.items():
                 active[i].append(incident_active(c, s))
-        # --- the columns: each run reads its lane's arithmetic, on its own clock ---
+        per_step = [losses, heldout, grad_norms, lrs, weight_norms, expected]
+        return self._columns(start, stop, per_step, all_logits, active)
+
+    def _columns(
+        self, start: int, stop: int, per_step: list[list], logits: list[np.ndarray], active: dict[str, list[bool]]
+    ) -> list[Columns]:
+        """Each run's columns over [start, stop): its lane's arithmetic (per_step: loss, held-out
+        loss, gradient norm, learning rate, weight norm, expected loss, each a lane vector per
+        step), on its own clock."""
         n = stop - start
-        by_lane = [np.array(v).T.tolist() for v in (losses, heldout, grad_norms, lrs, weight_norms, expected)]
-        by_lane.append([[step[j] for step in all_logits] for j in range(len(self.lanes))])
+        if n <= 0:  # an onset at step 0: no prefix
+            return [Columns.of([]) for _ in self.runs]
+        by_lane = [np.array(v).T.tolist() for v in per_step]
+        by_lane.append([[step[j] for step in logits] for j in range(len(self.lanes))])
         durations, lab_time = self.durations[:, start:stop].tolist(), self.lab_time[:, start:stop].tolist()
         out = []
         for i, (c, j) in enumerate(zip(self.runs, self.lane_of, strict=True)):

@@ -114,6 +114,7 @@ class Columns:
         return Columns(**{f: getattr(self, f) + getattr(later, f) for f in _FIELDS})
 
     def records(self) -> list[StepRecord]:
+        """The run as the trainer hands it over: a record per step."""
         return [StepRecord(**dict(zip(_FIELDS, values, strict=True))) for values in zip(*self._lists(), strict=True)]
 
     def _lists(self) -> list[list]:
