@@ -383,21 +383,27 @@ def _train_and_load(
     return meta, samples
 
 
-def _loader(prometheus: str, tmpdir: Path) -> Throwaway:
-    """A Prometheus that takes the runs' samples over remote write (runwatch.remote_write)."""
+def _server(prometheus: str, tmpdir: Path, name: str, data: str, start: float, end: float, *flags: str) -> Throwaway:
+    """One of the backtest's own Prometheus servers: loopback, a free port, no scrape config
+    (tmpdir/name.yml), its TSDB in tmpdir/data and its log in tmpdir/name.log."""
     port = free_port()
-    (tmpdir / "loader.yml").write_text("global: {}\n")
+    (tmpdir / f"{name}.yml").write_text("global: {}\n")
     argv = [
         prometheus,
-        f"--config.file={tmpdir / 'loader.yml'}",
-        f"--storage.tsdb.path={tmpdir / 'loader'}",
+        f"--config.file={tmpdir / f'{name}.yml'}",
+        f"--storage.tsdb.path={tmpdir / data}",
         f"--storage.tsdb.retention.time={RETENTION}",
         f"--web.listen-address=127.0.0.1:{port}",
-        "--web.enable-remote-write-receiver",
-        "--web.enable-admin-api",  # for its snapshot; loopback, a free port, thrown away
+        *flags,
     ]
-    # it evaluates nothing: its grid is empty
-    return Throwaway(tmpdir, argv, f"http://127.0.0.1:{port}", DEFAULT_START, DEFAULT_START, log="loader.log")
+    return Throwaway(tmpdir, argv, f"http://127.0.0.1:{port}", start, end, log=f"{name}.log")
+
+
+def _loader(prometheus: str, tmpdir: Path) -> Throwaway:
+    """A Prometheus that takes the runs' samples over remote write (runwatch.remote_write); it
+    evaluates nothing, so its grid is empty."""
+    flags = ("--web.enable-remote-write-receiver", "--web.enable-admin-api")  # the admin API for its snapshot
+    return _server(prometheus, tmpdir, "loader", "loader", DEFAULT_START, DEFAULT_START, *flags)
 
 
 def _snapshot(loader: Throwaway, data: Path) -> None:
@@ -412,19 +418,10 @@ def _snapshot(loader: Throwaway, data: Path) -> None:
 
 
 def _throwaway(prometheus: str, tmpdir: Path, meta: list[dict]) -> Throwaway:
-    port = free_port()
-    (tmpdir / "prometheus.yml").write_text("global: {}\n")
-    argv = [
-        prometheus,
-        f"--config.file={tmpdir / 'prometheus.yml'}",
-        f"--storage.tsdb.path={tmpdir / 'data'}",
-        f"--storage.tsdb.retention.time={RETENTION}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        f"--query.lookback-delta={LOOKBACK}",
-    ]
+    """The Prometheus the alerts are read from, over tmpdir/data, and its grid."""
     # up to 1 to 2 s past the last run's end on the lab clock, in the runs' shifted time
     end = float(int(max(m["end"] for m in meta)) + 2) - GRID_PHASE_MS / 1000
-    return Throwaway(tmpdir, argv, f"http://127.0.0.1:{port}", DEFAULT_START, end)
+    return _server(prometheus, tmpdir, "prometheus", "data", DEFAULT_START, end, f"--query.lookback-delta={LOOKBACK}")
 
 
 def _backfill(prom: Throwaway, passes: list[list[dict]], promtool: str, progress: Progress) -> None:
