@@ -33,10 +33,13 @@ from collections.abc import Iterable
 import numpy as np
 import requests
 
-PUSH_TIMEOUT_S = 300  # a chunk of 125 runs (10 MB) takes about a second
+PUSH_TIMEOUT_S = 300  # a request of the backtest's (25 runs, 2 to 20 MB) takes well under a second
 
 
 def _varint(n: int) -> bytes:
+    """A non-negative integer, 7 bits a byte, low bits first (an int64 goes as its uint64)."""
+    if n < 0:
+        raise ValueError(f"remote_write: a varint of {n}: pass a negative int64 as its two's complement")
     out = bytearray()
     while True:
         low, n = n & 0x7F, n >> 7
@@ -96,8 +99,8 @@ def write_request(series: Iterable[tuple[str, list[tuple[str, str]], list[float]
 
 
 def snappy_literal(data: bytes) -> bytes:
-    """data as a snappy block (github.com/google/snappy, format_description.txt): the length as
-    a varint, then literals of up to 2^32 bytes, each with a 4-byte length (tag 63)."""
+    """data as a snappy block (github.com/google/snappy, format_description.txt): its length as
+    a varint, then all of it as one literal, whose length takes 4 bytes (tag 63)."""
     if len(data) >= 2**32:
         raise ValueError(f"remote_write: a request of {len(data)} bytes is more than snappy frames")
     out = [_varint(len(data))]

@@ -68,6 +68,8 @@ def test_only_the_families_asked_for_are_pushed():
 
 def test_varints_and_the_snappy_frame_are_the_formats_own():
     assert _varint(1) == b"\x01" and _varint(300) == b"\xac\x02"  # protobuf's encoding guide
+    with pytest.raises(ValueError, match="two's complement"):
+        _varint(-1)
     assert snappy_literal(b"") == b"\x00"
     assert snappy_literal(b"abc") == b"\x03" + bytes([0xFC]) + (2).to_bytes(4, "little") + b"abc"
 
