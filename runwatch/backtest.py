@@ -256,16 +256,17 @@ class Throwaway:
     base: str
     start: float  # the grid's first evaluation, a whole second
     end: float  # its last one is the last whole second up to here
-    log: str = "prometheus.log"
+    name: str = "prometheus"  # its log is tmpdir/name.log
+    tsdb: str = "data"  # its TSDB is tmpdir/tsdb
 
     @property
     def data(self) -> str:
-        return str(self.tmpdir / "data")
+        return str(self.tmpdir / self.tsdb)
 
     def running(self) -> Process:
         # Prometheus closes its TSDB only once the queries in flight end; this one's data is
         # thrown away, so a Ctrl-C during a slow query need not wait for it.
-        return Process(self.argv, f"{self.base}/-/ready", self.tmpdir / self.log, grace=1.0)
+        return Process(self.argv, f"{self.base}/-/ready", self.tmpdir / f"{self.name}.log", grace=1.0)
 
 
 @dataclass
@@ -396,7 +397,7 @@ def _server(prometheus: str, tmpdir: Path, name: str, data: str, start: float, e
         f"--web.listen-address=127.0.0.1:{port}",
         *flags,
     ]
-    return Throwaway(tmpdir, argv, f"http://127.0.0.1:{port}", start, end, log=f"{name}.log")
+    return Throwaway(tmpdir, argv, f"http://127.0.0.1:{port}", start, end, name=name, tsdb=data)
 
 
 def _loader(prometheus: str, tmpdir: Path) -> Throwaway:
@@ -411,7 +412,7 @@ def _snapshot(loader: Throwaway, data: Path) -> None:
     resp = requests.post(f"{loader.base}/api/v1/admin/tsdb/snapshot", timeout=BACKFILL_TIMEOUT_S)
     if resp.status_code != 200:
         raise RuntimeError(f"Prometheus could not snapshot the loaded runs ({resp.status_code}): {resp.text[:300]}")
-    taken = Path(loader.tmpdir / "loader" / "snapshots" / resp.json()["data"]["name"])
+    taken = Path(loader.data) / "snapshots" / resp.json()["data"]["name"]
     data.mkdir(exist_ok=True)
     for block in taken.iterdir():
         block.rename(data / block.name)
