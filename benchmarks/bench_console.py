@@ -23,12 +23,13 @@ from pathlib import Path
 
 import requests
 
-from oncall.pager import rfc3339_ms
-from runwatch.lab import ALERTMANAGER_FLAGS, loopback
-from runwatch.paths import REPO, binary
-from runwatch.promserver import Process, free_port
-from trainer.config import INCIDENTS, TrainConfig
-from trainer.offline import simulate, write_openmetrics
+from runwatch.core.paths import REPO
+from runwatch.lab.supervise import ALERTMANAGER_FLAGS, loopback
+from runwatch.oncall.pager import rfc3339_ms
+from runwatch.prom.server import Process, free_port
+from runwatch.prom.tools import binary
+from runwatch.trainer.config import INCIDENTS, TrainConfig
+from runwatch.trainer.offline import simulate, write_openmetrics
 
 TARGET_MS = 200
 

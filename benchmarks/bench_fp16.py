@@ -12,9 +12,9 @@ import argparse
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 
-from runwatch.backtest import parse_seeds
-from trainer.config import TrainConfig
-from trainer.run import Trainer
+from runwatch.backtest.backtest import parse_seeds
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.run import Trainer
 
 
 def gaps(seed: int) -> tuple[float, float, int]:

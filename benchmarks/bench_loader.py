@@ -27,13 +27,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from runwatch import backtest as bt
-from runwatch import signatures as plate
-from runwatch.paths import Layout, binary
-from runwatch.remote_write import push, write_request
-from trainer.batch import train_columns
-from trainer.config import TrainConfig
-from trainer.offline import OfflineRun, series, write_openmetrics
+from runwatch.backtest import backtest as bt
+from runwatch.backtest import signatures
+from runwatch.backtest.remote_write import push, write_request
+from runwatch.core.paths import Layout
+from runwatch.prom.tools import binary
+from runwatch.trainer.batch import train_columns
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.offline import OfflineRun, series, write_openmetrics
 
 
 def children_cpu() -> float:
@@ -51,7 +52,7 @@ def main() -> int:
     seeds = list(range(int(first), int(last) + 1, int(step or 1)))
     prometheus, promtool = binary("prometheus"), binary("promtool")
     families = bt.families_read(bt.load_rules(Layout().rules_dir, promtool))
-    configs = [TrainConfig(incident=i, seed=s) for s in seeds for i in plate.INCIDENTS]
+    configs = [TrainConfig(incident=i, seed=s) for s in seeds for i in signatures.INCIDENTS]
     columns = train_columns(configs)
 
     def runs() -> list[OfflineRun]:  # fresh runs: nothing computed yet

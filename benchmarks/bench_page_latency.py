@@ -23,9 +23,9 @@ from pathlib import Path
 
 import requests
 
-from oncall.pager import read_pages
-from runwatch.lab import Lab
-from runwatch.promserver import wait_ready
+from runwatch.lab.supervise import Lab
+from runwatch.oncall.pager import read_pages
+from runwatch.prom.server import wait_ready
 
 ONSET = 300
 ALERTS = ("TrainingLossJump", "GradientNormJump")

@@ -16,11 +16,11 @@ import time
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.metrics import TrainerMetrics
-from trainer import model
-from trainer.config import TrainConfig
-from trainer.record import activation_norms
-from trainer.run import Trainer, weight_norm
+from runwatch.exporter.metrics import TrainerMetrics
+from runwatch.trainer import model
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.record import activation_norms
+from runwatch.trainer.run import Trainer, weight_norm
 
 REPEATS = 7
 

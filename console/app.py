@@ -35,9 +35,12 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainT
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from console.sources import ALERT_NAME, Sources, UnavailableError
-from runwatch.command import UsageError
-from trainer.config import CLUSTER_INCIDENTS, INCIDENTS  # what a diagnosis may name, as runwatch diagnose takes it
+from runwatch.console.sources import ALERT_NAME, Sources, UnavailableError
+from runwatch.core.command import UsageError
+from runwatch.trainer.config import (  # what a diagnosis may name, as runwatch diagnose takes it
+    CLUSTER_INCIDENTS,
+    INCIDENTS,
+)
 
 HERE = Path(__file__).parent
 COMMAND_TIMEOUT_S = 120  # a diagnosis draws nothing, but reads Prometheus and the page log

@@ -15,8 +15,8 @@ import socket
 import sys
 from pathlib import Path
 
-from runwatch.command import Parser, UsageError
-from runwatch.names import LOOPBACK, PORTS, url
+from runwatch.core.command import Parser, UsageError
+from runwatch.core.names import LOOPBACK, PORTS, url
 
 
 def _port(text: str) -> int:
@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here: `runwatch console --help` and its usage errors need none of the web stack.
     import uvicorn
 
-    from console.app import make_app
-    from console.sources import Sources
+    from runwatch.console.app import make_app
+    from runwatch.console.sources import Sources
 
     sources = Sources(args.prometheus, args.alertmanager, args.pager, args.prometheus_link, args.grafana,
                       args.state_dir.absolute() if args.state_dir else None)  # fmt: skip

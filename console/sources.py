@@ -1,7 +1,7 @@
 """What the console reads, each over HTTP from the component that holds it.
 
 Prometheus: the runs and the plate, through the very queries of the "Watching a Run" dashboard
-(runwatch.dashboard_queries and runwatch.plate run them, so there is one copy of the PromQL).
+(runwatch.readouts.dashboard_queries and runwatch.readouts.picture run them, so there is one copy of the PromQL).
 Alertmanager: which alerts fire unacknowledged. The pager: the page log and the runbooks.
 Nothing here decides whether an alert fired: the rules did, and the page log says so.
 
@@ -22,10 +22,10 @@ from urllib.parse import quote, urlencode
 
 import requests
 
-from runwatch import dashboard_queries as dq
-from runwatch.paths import Layout
-from runwatch.plate import PANELS, PlateData, collect
-from runwatch.promserver import PromQLError, instant
+from runwatch.core.paths import Layout
+from runwatch.prom.server import PromQLError, instant
+from runwatch.readouts import dashboard_queries as dq
+from runwatch.readouts.picture import PANELS, PlateData, collect
 
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RUNS_LOOKBACK_S = 7 * 24 * 3600  # the run picker offers every run started in the last week

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from trainer.record import StepRecord
+from runwatch.trainer.record import StepRecord
 
 # One place for the names: the offline writer, the rules and the dashboards use these strings.
 STEP = "runwatch_train_step"

@@ -39,7 +39,7 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
-from runwatch.names import CLUSTER_ALERTS, FIRST_FIRED, PLATE_ALERTS, url
+from runwatch.core.names import CLUSTER_ALERTS, FIRST_FIRED, PLATE_ALERTS, url
 
 OUT = Path(__file__).with_name("dashboards")
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="runwatch-prometheus")

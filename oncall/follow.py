@@ -22,7 +22,8 @@ from typing import Any, NoReturn, TextIO
 from urllib.parse import urlencode, urlsplit
 from urllib.request import urlopen
 
-from oncall.pager import (
+from runwatch.core.command import Parser
+from runwatch.oncall.pager import (
     RUNBOOK_BASE,
     WATCHDOG_SILENT,
     WATCHDOG_TIMEOUT_S,
@@ -31,7 +32,6 @@ from oncall.pager import (
     received_time,
     rfc3339_ms,
 )
-from runwatch.command import Parser
 
 DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
 PROMETHEUS = "http://127.0.0.1:9090"  # the lab's, natively and through compose's published port
@@ -39,8 +39,9 @@ PROMETHEUS = "http://127.0.0.1:9090"  # the lab's, natively and through compose'
 UNPAGED_AFTER_S = 60.0
 UNPAGED_EVERY_S = 10.0
 _HERE = Path(__file__).resolve().parents[1]
-# The checkout's runbooks/, or, installed from a wheel, the copy beside the runwatch package.
-_RUNBOOK_DIRS = (_HERE / "runbooks", _HERE / "runwatch" / "configuration" / "runbooks")
+# The checkout's runbooks/ (oncall/ is runwatch.oncall, mapped from the top of the checkout), or,
+# installed from a wheel, the copy in the runwatch package (runwatch/oncall/ beside runwatch/configuration/).
+_RUNBOOK_DIRS = (_HERE / "runbooks", _HERE / "configuration" / "runbooks")
 DEFAULT_RUNBOOKS = next((d for d in _RUNBOOK_DIRS if d.is_dir()), _RUNBOOK_DIRS[0])
 
 

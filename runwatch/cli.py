@@ -13,12 +13,17 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from runwatch.command import Command, Parser, UsageError
+from runwatch.core.command import Command, Parser, UsageError
 
 
 def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Command]]]:
     # Imported here so that `runwatch --help` stays fast and one broken module names itself.
-    from runwatch import backtest, check, drill, flight_recorder, lab, plate, train
+    from runwatch import check, train
+    from runwatch.backtest import backtest
+    from runwatch.cluster import flight_recorder
+    from runwatch.drill import drill
+    from runwatch.lab import lab
+    from runwatch.readouts import plate
 
     return [
         ("train", "run the workshop's training run, live or offline", train.add_arguments),
@@ -45,9 +50,9 @@ def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Comm
 # and function: only the one asked for is imported, so `runwatch probe`, a healthcheck run every
 # few seconds, loads nothing but the standard library.
 DELEGATED = {
-    "pager": ("oncall.follow", "main"),
-    "pager-serve": ("oncall.follow", "serve_main"),
-    "console": ("console.serve", "main"),
+    "pager": ("runwatch.oncall.follow", "main"),
+    "pager-serve": ("runwatch.oncall.follow", "serve_main"),
+    "console": ("runwatch.console.serve", "main"),
     "probe": ("runwatch.probe", "main"),
 }
 

@@ -22,31 +22,31 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from exporter.metrics import HIDDEN, TrainerMetrics
-from exporter.server import MetricsServer, PortInUseError, start
-from runwatch import cluster
-from runwatch.command import Command, UsageError, check_writable, flag, number
-from runwatch.files import write_atomic
-from runwatch.names import LAUNCHER_PORT, LOOPBACK, PORTS, RANK_PORT_BASE
-from trainer.config import (
+from runwatch.cluster import launcher as cluster
+from runwatch.core.command import Command, UsageError, check_writable, config_error, number
+from runwatch.core.files import write_atomic
+from runwatch.core.names import LAUNCHER_PORT, LOOPBACK, PORTS, RANK_PORT_BASE
+from runwatch.drill.answer import answer_path, seal_answer
+from runwatch.exporter.metrics import HIDDEN, TrainerMetrics
+from runwatch.exporter.server import MetricsServer, PortInUseError, start
+from runwatch.trainer.config import (
     CLUSTER_INCIDENTS,
     INCIDENTS,
     MAX_LR,
     MAX_RANKS,
-    MAX_SEED,
     MAX_STEPS,
+    SEED,
+    STEP,
     ConfigError,
     TrainConfig,
     draw_drill,
 )
-from trainer.live import RunRecord, run_live, unique_run_id
-from trainer.offline import simulate, write_openmetrics
-from trainer.run import Trainer
-from trainer.sealed import seal, unseal
+from runwatch.trainer.live import RunRecord, run_live, unique_run_id
+from runwatch.trainer.offline import simulate, write_openmetrics
+from runwatch.trainer.run import Trainer
+from runwatch.trainer.sealed import unseal
 
 RANDOM = "random"
-SEED = number(int, 0, MAX_SEED)
-STEP = number(int, 0, MAX_STEPS)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> Command:
@@ -166,7 +166,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
     except ConfigError as err:
         if err.field == "onset" and 0 <= cfg.onset:
             raise UsageError(f"--steps: must be greater than --onset ({cfg.onset}), got {cfg.steps}") from None
-        raise usage_error(err) from None
+        raise config_error(err) from None
     public = dataclasses.replace(cfg, incident=HIDDEN, onset=-1) if drill else cfg
     return cfg, public
 
@@ -191,11 +191,6 @@ def serve(registry: CollectorRegistry, port: int, host: str, flag: str = "--port
         raise UsageError(f"{flag}: {err}") from None
     except OSError as err:
         raise UsageError(f"--host: cannot listen on {host}:{port}: {err.strerror}") from None
-
-
-def usage_error(err: ConfigError) -> UsageError:
-    """A config field's error, as the flag that sets it: `fast_forward` -> `--fast-forward`."""
-    return UsageError(f"{flag(err.field)}: {err.problem}")
 
 
 def run_offline(cfg: TrainConfig, out: Path) -> int:
@@ -227,7 +222,7 @@ def resume(args: argparse.Namespace) -> Trainer:
         try:
             trainer = trainer.retarget(dataclasses.replace(trainer.cfg, **changes))
         except ConfigError as err:
-            raise usage_error(err) from None
+            raise config_error(err) from None
     return trainer
 
 
@@ -268,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = TrainerMetrics(cfg.label, cfg.seed, cfg.incident, drill=cfg.drill, precision=cfg.precision)
     server = serve(metrics.registry, args.port, args.host)
     if cfg.drill:
-        seal(run_dir / "answer.sealed", {"incident": cfg.incident, "onset": cfg.onset, "run_id": cfg.label})
+        seal_answer(answer_path(run_dir), cfg)
 
     host, port = server.server_address[:2]
     print(f"run {cfg.label}: serving http://{host}:{port}/metrics; run.json in {run_dir}", flush=True)

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from runwatch.paths import REPO
+from runwatch.core.paths import REPO
 
 PODMAN_DIR = REPO / "compose" / "podman"
 DOCKER_SOCKET = Path("/var/run/docker.sock")

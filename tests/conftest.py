@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from runwatch.lab import Lab
-from runwatch.paths import REPO
-from runwatch.promserver import free_port  # noqa: F401 (tests import it from here)
+from runwatch.core.paths import REPO
+from runwatch.lab.supervise import Lab
+from runwatch.prom.server import free_port  # noqa: F401 (tests import it from here)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

@@ -13,11 +13,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runwatch import backtest as bt
-from runwatch.backtest import duration_seconds, parse_seeds, report
-from runwatch.command import UsageError
-from runwatch.paths import REPO
-from runwatch.promserver import instant, query_range
+from runwatch.backtest import backtest as bt
+from runwatch.backtest.backtest import duration_seconds, parse_seeds, report
+from runwatch.core.command import UsageError
+from runwatch.core.paths import REPO
+from runwatch.prom.server import instant, query_range
 from tests.conftest import edit, need, wait_for
 
 

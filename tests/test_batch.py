@@ -8,11 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from trainer import model
-from trainer.batch import log_softmax_by_class, train_columns, train_many
-from trainer.config import INCIDENTS, MAX_SEED, TrainConfig
-from trainer.offline import OfflineRun, write_openmetrics
-from trainer.run import Trainer
+from runwatch.trainer import model
+from runwatch.trainer.batch import log_softmax_by_class, train_columns, train_many
+from runwatch.trainer.config import INCIDENTS, MAX_SEED, TrainConfig
+from runwatch.trainer.offline import OfflineRun, write_openmetrics
+from runwatch.trainer.run import Trainer
 
 
 def same_records(a, b) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runwatch.paths import REPO
+from runwatch.core.paths import REPO
 from tests.conftest import edit
 
 
@@ -71,8 +71,8 @@ def test_broken_alertmanager_config_is_amtools_message(copy):
 
 
 def test_a_hung_tool_is_killed_and_named_in_one_line():
-    from runwatch.command import UsageError
-    from runwatch.paths import run_tool
+    from runwatch.core.command import UsageError
+    from runwatch.prom.tools import run_tool
 
     t0 = time.monotonic()
     with pytest.raises(UsageError) as err:

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runwatch.drill import scoreboard_line
+from runwatch.drill.drill import scoreboard_line
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.run import Trainer
 from tests.conftest import runwatch
-from trainer.config import TrainConfig
-from trainer.run import Trainer
 
 
 def one_line(res, code: int, *words: str) -> None:

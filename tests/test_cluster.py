@@ -15,16 +15,16 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from runwatch.cluster import write_targets
-from runwatch.command import UsageError
-from runwatch.paths import REPO
-from runwatch.promserver import Process, free_port, instant
+from runwatch.cluster.launcher import write_targets
+from runwatch.core.command import UsageError
+from runwatch.core.paths import REPO
+from runwatch.prom.server import Process, free_port, instant
+from runwatch.trainer import model, parallel
+from runwatch.trainer.config import INCIDENTS, ConfigError, TrainConfig
+from runwatch.trainer.faults import fault_of
+from runwatch.trainer.gpu import NOMINAL_SM_MHZ, gpu_index, gpu_state, gpu_uuid, node_of
+from runwatch.trainer.run import Trainer, compute_seconds, step_durations, struck_rank
 from tests.conftest import need, runwatch, wait_for
-from trainer import model, parallel
-from trainer.config import INCIDENTS, ConfigError, TrainConfig
-from trainer.faults import fault_of
-from trainer.gpu import NOMINAL_SM_MHZ, gpu_index, gpu_state, gpu_uuid, node_of
-from trainer.run import Trainer, compute_seconds, step_durations, struck_rank
 
 
 def test_the_ranks_shares_average_to_the_whole_batchs_gradient():

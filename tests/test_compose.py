@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runwatch.lab import ALERTMANAGER_FLAGS, PROMETHEUS_FLAGS, loopback
-from runwatch.paths import REPO
+from runwatch.core.paths import REPO
+from runwatch.lab.supervise import ALERTMANAGER_FLAGS, PROMETHEUS_FLAGS, loopback
 
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]

@@ -34,8 +34,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from runwatch.names import FIRST_FIRED
-from runwatch.promserver import instant, query_range
+from runwatch.core.names import FIRST_FIRED
+from runwatch.prom.server import instant, query_range
 from tests.compose_runtime import Runtime
 from tests.conftest import CONSOLE, GRAFANA_PORT, LINK, project_links, wait_for
 

@@ -15,9 +15,9 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from oncall.follow import DEFAULT_RUNBOOKS
-from oncall.pager import make_server
-from runwatch.promserver import free_port, wait_ready
+from runwatch.oncall.follow import DEFAULT_RUNBOOKS
+from runwatch.oncall.pager import make_server
+from runwatch.prom.server import free_port, wait_ready
 from tests.conftest import runwatch
 
 HOSTILE = '<script>alert(1)</script><img src=x onerror="alert(2)">'

@@ -12,8 +12,8 @@ import time
 
 import requests
 
-from oncall.pager import read_pages
-from runwatch.promserver import instant
+from runwatch.oncall.pager import read_pages
+from runwatch.prom.server import instant
 from tests.conftest import CONSOLE, wait_for
 
 PROM, AM, PAGER = "http://127.0.0.1:9090", "http://127.0.0.1:9093", "http://127.0.0.1:9095"

@@ -16,20 +16,20 @@ import time
 import pytest
 import yaml
 
-from console.sources import Sources
-from oncall.pager import read_pages
-from runwatch import dashboard_queries as dq
-from runwatch.names import FIRST_FIRED
-from runwatch.paths import REPO
-from runwatch.plate import collect, draw, windows
-from runwatch.promserver import Process, free_port, instant
+from runwatch.console.sources import Sources
+from runwatch.core.names import FIRST_FIRED
+from runwatch.core.paths import REPO
+from runwatch.oncall.pager import read_pages
+from runwatch.prom.server import Process, free_port, instant
+from runwatch.readouts import dashboard_queries as dq
+from runwatch.readouts.picture import collect, draw, windows
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.faults import checkpoint_before, fault_of
+from runwatch.trainer.gpu import NOMINAL_SM_MHZ, gpu_index, node_of
+from runwatch.trainer.offline import simulate, write_openmetrics
+from runwatch.trainer.run import Trainer
 from tests.conftest import need, runwatch, wait_for
 from tests.test_lab_e2e import ExtraTrainer
-from trainer.config import TrainConfig
-from trainer.faults import checkpoint_before, fault_of
-from trainer.gpu import NOMINAL_SM_MHZ, gpu_index, node_of
-from trainer.offline import simulate, write_openmetrics
-from trainer.run import Trainer
 
 PROM = "http://127.0.0.1:9090"
 ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")

@@ -7,8 +7,8 @@ in tests/test_backtest.py.
 import os
 import time
 
-from runwatch.backtest import cache_key
-from runwatch.datacache import MANIFEST, DataCache, key_of
+from runwatch.backtest.backtest import cache_key
+from runwatch.backtest.datacache import MANIFEST, DataCache, key_of
 from tests.conftest import need
 
 

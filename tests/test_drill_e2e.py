@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import requests
 
-from oncall.pager import read_pages
-from runwatch.promserver import instant
+from runwatch.oncall.pager import read_pages
+from runwatch.prom.server import instant
 from tests.conftest import CONSOLE, runwatch, wait_for
 
 PROM, AM = "http://127.0.0.1:9090", "http://127.0.0.1:9093"

@@ -11,11 +11,11 @@ import requests
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.metrics import TrainerMetrics
-from exporter.server import PortInUseError, start
+from runwatch.exporter.metrics import TrainerMetrics
+from runwatch.exporter.server import PortInUseError, start
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.run import StepRecord, Trainer
 from tests.conftest import free_port, need
-from trainer.config import TrainConfig
-from trainer.run import StepRecord, Trainer
 
 GOLDEN = Path(__file__).parent / "fixtures" / "metrics.golden"
 

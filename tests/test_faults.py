@@ -13,12 +13,20 @@ from typing import NamedTuple
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from runwatch.trainer.config import INCIDENTS, LLAMA3_SHARES, TrainConfig, draw_drill
+from runwatch.trainer.faults import (
+    XID_EXIT_SECONDS,
+    attempts,
+    checkpoint_before,
+    drain_step,
+    fault_of,
+    lost_steps,
+    schedule,
+)
+from runwatch.trainer.offline import simulate, write_openmetrics
+from runwatch.trainer.run import Trainer, compute_seconds
+from runwatch.trainer.sealed import seal
 from tests.conftest import runwatch
-from trainer.config import INCIDENTS, LLAMA3_SHARES, TrainConfig, draw_drill
-from trainer.faults import XID_EXIT_SECONDS, attempts, checkpoint_before, drain_step, fault_of, lost_steps, schedule
-from trainer.offline import simulate, write_openmetrics
-from trainer.run import Trainer, compute_seconds
-from trainer.sealed import seal
 
 
 def cfg_of(incident: str, seed: int = 101) -> TrainConfig:

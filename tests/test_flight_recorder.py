@@ -2,9 +2,9 @@
 
 import pytest
 
-from exporter.rank_metrics import RankMetrics
-from exporter.server import start
-from runwatch.promserver import Process, free_port, instant
+from runwatch.exporter.rank_metrics import RankMetrics
+from runwatch.exporter.server import start
+from runwatch.prom.server import Process, free_port, instant
 from tests.conftest import need, runwatch, wait_for
 
 

@@ -6,7 +6,7 @@ Prometheus in tests/test_backtest.py; this file checks the rewriting itself.
 
 import pytest
 
-from runwatch.inline import Inliner, references
+from runwatch.backtest.inline import Inliner, references
 
 RULES = {"r:loss:avg5s": "avg_over_time(loss[5s])", "r:loss:ratio": "r:loss:avg5s / avg_over_time(loss[30s])"}
 

@@ -17,9 +17,10 @@ import shutil
 import site
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
-from runwatch.paths import REPO
+from runwatch.core.paths import REPO
 
 
 def run(argv: list[str], cwd, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -37,6 +38,12 @@ def test_a_wheel_in_a_fresh_venv_checks_and_backtests_from_outside_the_checkout(
               tmp_path)  # fmt: skip
     assert res.returncode == 0, res.stderr
     (wheel,) = wheel_dir.glob("runwatch-*.whl")
+    # one import namespace: a learner's own `trainer` or `console` module cannot collide with ours
+    with zipfile.ZipFile(wheel) as zf:
+        tops = {name.split("/")[0] for name in zf.namelist() if not name.split("/")[0].endswith(".dist-info")}
+        assert tops == {"runwatch"}, tops
+        for part in ("trainer/run.py", "exporter/metrics.py", "oncall/pager.py", "console/app.py", "core/names.py"):
+            assert f"runwatch/{part}" in zf.namelist(), part
     res = run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
     assert res.returncode == 0, res.stderr
     # the dependencies, not the checkout: a path entry's own .pth files (the editable install's

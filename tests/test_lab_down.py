@@ -14,9 +14,9 @@ import sys
 import pytest
 import requests
 
-from runwatch.lab import Lab
-from runwatch.names import PORTS
-from runwatch.promserver import port_is_free
+from runwatch.core.names import PORTS
+from runwatch.lab.supervise import Lab
+from runwatch.prom.server import port_is_free
 from tests.conftest import runwatch
 
 

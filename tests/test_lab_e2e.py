@@ -19,10 +19,10 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from oncall.pager import RUNBOOK_BASE, WATCHDOG_TIMEOUT_S, read_pages, received_time
-from runwatch.backtest import duration_seconds
-from runwatch.lab import Component, Lab
-from runwatch.promserver import instant, wait_ready
+from runwatch.backtest.backtest import duration_seconds
+from runwatch.lab.supervise import Component, Lab
+from runwatch.oncall.pager import RUNBOOK_BASE, WATCHDOG_TIMEOUT_S, read_pages, received_time
+from runwatch.prom.server import instant, wait_ready
 from tests.conftest import GRAFANA_PORT, LINK, edit, project_links, runwatch, wait_for
 
 PROM = "http://127.0.0.1:9090"

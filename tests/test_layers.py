@@ -1,4 +1,4 @@
-"""The house's layers: no module imports one that imports it back, directly or through others.
+"""The house's layers: one namespace, imports that run one way, and subcommands that stand apart.
 
 Imports are read with `ast`, every one of them, including those inside functions: an import
 deferred into a function still makes the two modules depend on each other.
@@ -7,35 +7,85 @@ deferred into a function still makes the two modules depend on each other.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-from runwatch.paths import REPO
+import pytest
 
-PACKAGES = ("trainer", "exporter", "oncall", "console", "runwatch")
+from runwatch.core.paths import REPO
+
+# Where each part of the namespace lives in the checkout (pyproject.toml's package-dir).
+FOLDERS = {
+    "runwatch": REPO / "runwatch",
+    "runwatch.trainer": REPO / "trainer",
+    "runwatch.exporter": REPO / "exporter",
+    "runwatch.oncall": REPO / "oncall",
+    "runwatch.console": REPO / "console",
+}
+
+# The layers, lowest first: a module may import its own package and anything of a lower layer,
+# never a higher one or another package of its own layer. The longest prefix decides. The
+# trainer's record sits below the exporter, which publishes it; the rest of the trainer above it
+# (a live run publishes through the exporter).
+LAYERS = [
+    ("runwatch.core",),
+    ("runwatch.trainer.record", "runwatch.prom"),
+    ("runwatch.exporter",),
+    ("runwatch.trainer",),
+    ("runwatch.drill.answer", "runwatch.readouts", "runwatch.oncall"),
+    ("runwatch.cluster", "runwatch.backtest", "runwatch.console"),
+    ("runwatch.train", "runwatch.check", "runwatch.probe", "runwatch.lab"),
+    ("runwatch.drill",),
+    ("runwatch.cli",),
+    ("runwatch.__main__",),
+]
 
 
 def modules() -> dict[str, Path]:
+    """Every module of the namespace, by its import name, and its file in the checkout."""
+    assert all((f / "__init__.py").read_text().lstrip().startswith('"""') for f in FOLDERS.values())
     out = {}
-    for package in PACKAGES:
-        for path in sorted((REPO / package).glob("*.py")):
-            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
-            out[name] = path
+    for package, folder in FOLDERS.items():
+        for path in sorted(folder.rglob("*.py")):
+            if path.name != "__init__.py":  # a package's __init__ holds its docstring only
+                out[".".join([package, *path.relative_to(folder).with_suffix("").parts])] = path
     return out
 
 
 def imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The project's modules that `name` imports anywhere in its text."""
+    """The project's modules that `name` imports anywhere in its text (a package's own
+    __init__ is not counted: it holds only its docstring)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from runwatch import lab` imports the module runwatch.lab
+            # `from runwatch.lab import lab` imports the module runwatch.lab.lab
             targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
         else:
             continue
-        found |= {t for t in targets if t in known and t != name and t not in PACKAGES}
+        found |= {t for t in targets if t in known and t != name and not is_package(t)}
     return found
+
+
+def is_package(name: str) -> bool:
+    return name in FOLDERS or (REPO / "runwatch" / name.removeprefix("runwatch.").replace(".", "/")).is_dir()
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def layer(name: str) -> tuple[int, str]:
+    """(the layer of a module, the prefix that placed it there)."""
+    best = max(
+        ((i, p) for i, ps in enumerate(LAYERS) for p in ps if name == p or name.startswith(f"{p}.")),
+        key=lambda ip: len(ip[1]),
+        default=None,
+    )
+    assert best is not None, f"{name} is in no layer of tests/test_layers.py: add it where it belongs"
+    return best
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -64,30 +114,87 @@ def test_the_walker_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_module_imports_one_that_imports_it_back():
+def test_the_walker_sees_every_part_of_the_namespace():
     mods = modules()
-    graph = {name: imports(name, path, set(mods)) for name, path in mods.items()}
-    found = cycles(graph)
+    expected = ["runwatch.cli", "runwatch.core.names", "runwatch.trainer.run", "runwatch.exporter.metrics"]
+    expected += ["runwatch.oncall.pager", "runwatch.console.app", "runwatch.backtest.inline", "runwatch.lab.supervise"]
+    for name in expected:
+        assert name in mods, name
+    assert not [m for m in mods if ".configuration" in m]
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    found = cycles(graph())
     assert not found, "\n".join(" -> ".join(c) for c in found)
 
 
-# Low in the house: shared by every layer, importing nothing of the project.
-LEAVES = ("runwatch.command", "runwatch.files", "runwatch.names", "trainer.record")
+def test_imports_run_one_way_down_the_layers():
+    """Data flows from the trainer's records to the exporter, the lab and the command line; a
+    module never imports one above it, nor another package of its own layer."""
+    wrong = []
+    for name, targets in graph().items():
+        (mine, my_prefix) = layer(name)
+        for target in targets:
+            (theirs, their_prefix) = layer(target)
+            if theirs > mine or (theirs == mine and their_prefix != my_prefix):
+                wrong.append(f"{name} (layer {mine}) imports {target} (layer {theirs})")
+    assert not wrong, "\n".join(sorted(wrong))
 
 
-def test_the_shared_modules_import_nothing_of_the_project():
-    mods = modules()
-    for name in LEAVES:
-        assert imports(name, mods[name], set(mods)) == set(), name
+def test_the_core_imports_nothing_of_the_project():
+    """Low in the house: shared by every layer. The trainer's record is the other leaf."""
+    g = graph()
+    for name in (m for m in g if m.startswith("runwatch.core.")):
+        assert {t for t in g[name] if not t.startswith("runwatch.core.")} == set(), name
+    assert g["runwatch.trainer.record"] == set()
+
+
+def subcommands() -> set[str]:
+    """The modules `runwatch.cli` dispatches to: those it imports, and those it names to import."""
+    text = (REPO / "runwatch" / "cli.py").read_text()
+    named = set(re.findall(r'\("(runwatch\.[\w.]+)", "\w+"\)', text))
+    return (graph()["runwatch.cli"] | named) - {"runwatch.core.command"}
+
+
+def closure(g: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in g[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_the_subcommands_are_found():
+    found = subcommands()
+    expected = {"runwatch.train", "runwatch.backtest.backtest", "runwatch.lab.lab", "runwatch.drill.drill"}
+    expected |= {"runwatch.readouts.plate", "runwatch.oncall.follow", "runwatch.console.serve", "runwatch.probe"}
+    assert expected <= found
+
+
+def test_no_subcommand_imports_another_subcommand():
+    """Shared code lives in the packages' libraries; a subcommand never reaches into another's
+    module (directly or through others), nor into the command line that dispatches to it."""
+    g, commands = graph(), subcommands()
+    wrong = {name: sorted(closure(g, name) & (commands | {"runwatch.cli"})) for name in commands}
+    assert not {k: v for k, v in wrong.items() if v}, wrong
+
+
+@pytest.mark.parametrize("package", sorted({*FOLDERS, *(f"runwatch.{d.name}" for d in (REPO / "runwatch").iterdir()
+                                                        if (d / "__init__.py").is_file())}))  # fmt: skip
+def test_every_package_says_what_it_holds(package):
+    folder = FOLDERS.get(package) or REPO / "runwatch" / package.removeprefix("runwatch.")
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+    assert doc and len(doc.splitlines()) >= 2, f"{folder}/__init__.py: say what the package holds and must not import"
 
 
 def test_the_pager_stands_alone():
     """oncall/ talks to the rest of the lab over HTTP only: of the project it imports itself and
     the command-line conventions every command shares, nothing else."""
-    mods = modules()
-    for name in (m for m in mods if m.startswith("oncall.")):
-        others = {t for t in imports(name, mods[name], set(mods)) if not t.startswith("oncall.")}
-        assert others <= {"runwatch.command"}, (name, others)
+    g = graph()
+    for name in (m for m in g if m.startswith("runwatch.oncall.")):
+        others = {t for t in g[name] if not t.startswith("runwatch.oncall.")}
+        assert others <= {"runwatch.core.command"}, (name, others)
 
 
 # What the console may use of the house: the command-line conventions, the lab's names, the
@@ -95,37 +202,37 @@ def test_the_pager_stands_alone():
 # copy of the PromQL). Not the lab, the drill or the command line: it acts through `runwatch ack`
 # and `runwatch diagnose`.
 CONSOLE_USES = {
-    "runwatch.command", "runwatch.names", "runwatch.dashboard_queries", "runwatch.plate", "runwatch.paths",
-    "runwatch.promserver", "trainer.config",
+    "runwatch.core.command", "runwatch.core.names", "runwatch.core.paths", "runwatch.readouts.dashboard_queries",
+    "runwatch.readouts.picture", "runwatch.prom.server", "runwatch.trainer.config",
 }  # fmt: skip
 
 
 def test_the_console_stands_alone():
-    mods = modules()
-    for name in (m for m in mods if m.startswith("console.")):
-        others = {t for t in imports(name, mods[name], set(mods)) if not t.startswith("console.")}
+    g = graph()
+    for name in (m for m in g if m.startswith("runwatch.console.")):
+        others = {t for t in g[name] if not t.startswith("runwatch.console.")}
         assert others <= CONSOLE_USES, (name, others - CONSOLE_USES)
 
 
 def test_the_standalone_console_listens_where_the_lab_says():
-    from console.serve import parser
-    from runwatch.names import PORTS
+    from runwatch.console.serve import parser
+    from runwatch.core.names import PORTS
 
     assert parser().get_default("port") == PORTS["console"]
 
 
 def test_the_exporter_takes_a_record_not_the_trainer():
     """exporter/ depends on the trainer's record type only, so it pulls in no numpy and no model."""
-    mods = modules()
-    for name in (m for m in mods if m.startswith("exporter.")):
-        assert imports(name, mods[name], set(mods)) <= {"trainer.record", "exporter.metrics"}, name
+    g = graph()
+    for name in (m for m in g if m.startswith("runwatch.exporter.")):
+        assert g[name] <= {"runwatch.trainer.record", "runwatch.exporter.metrics"}, name
 
 
 def test_the_standalone_pager_listens_where_the_lab_says():
     """The pager keeps its own default port (it stands alone); it must be the lab's."""
-    from oncall.follow import PROMETHEUS
-    from oncall.pager import RUNBOOK_BASE
-    from runwatch.names import PORTS, url
+    from runwatch.core.names import PORTS, url
+    from runwatch.oncall.follow import PROMETHEUS
+    from runwatch.oncall.pager import RUNBOOK_BASE
 
     text = (REPO / "oncall" / "follow.py").read_text()
     assert f'"--port", type=_port, default={PORTS["pager"]}' in text
@@ -136,7 +243,7 @@ def test_the_standalone_pager_listens_where_the_lab_says():
 def test_no_function_is_longer_than_a_screen():
     """Long functions are split along the steps they comment (60 lines: the longest today is
     trainer.live.run_live, whose loop sections are labelled)."""
-    files = [*(p for pkg in PACKAGES for p in (REPO / pkg).glob("*.py")), REPO / "grafana" / "dashboards.py"]
+    files = [*modules().values(), REPO / "grafana" / "dashboards.py"]
     long = []
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
+from runwatch.trainer import model
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.run import Trainer
 from tests.conftest import free_port
-from trainer import model
-from trainer.config import TrainConfig
-from trainer.run import Trainer
 
 SEEDS = range(10)
 

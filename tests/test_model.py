@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from trainer import model
-from trainer.config import TrainConfig
-from trainer.run import Trainer, get_batch, step_durations
+from runwatch.trainer import model
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.run import Trainer, get_batch, step_durations
 
 
 def same(a: list, b: list) -> bool:

@@ -6,9 +6,9 @@ import subprocess
 import numpy as np
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.offline import DEFAULT_START, simulate, write_openmetrics
 from tests.conftest import need
-from trainer.config import TrainConfig
-from trainer.offline import DEFAULT_START, simulate, write_openmetrics
 
 
 def render(*cfgs: TrainConfig) -> str:

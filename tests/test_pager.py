@@ -17,10 +17,10 @@ import requests
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from oncall.follow import follow, format_page, main, serve_main
-from oncall.pager import RULES_TIMEOUT_S, make_server, read_pages
-from runwatch.paths import REPO
-from runwatch.promserver import Process, free_port
+from runwatch.core.paths import REPO
+from runwatch.oncall.follow import follow, format_page, main, serve_main
+from runwatch.oncall.pager import RULES_TIMEOUT_S, make_server, read_pages
+from runwatch.prom.server import Process, free_port
 from tests.conftest import need
 
 NOW = 1714564805.25  # 2024-05-01T12:00:05.250Z
@@ -563,7 +563,7 @@ def test_runbooks_are_served_and_nothing_outside_them(tmp_path):
     import urllib.error
     import urllib.request
 
-    from oncall.follow import DEFAULT_RUNBOOKS
+    from runwatch.oncall.follow import DEFAULT_RUNBOOKS
 
     server = make_server(
         "127.0.0.1", 0, tmp_path / "pages.jsonl", registry=CollectorRegistry(), runbooks=DEFAULT_RUNBOOKS

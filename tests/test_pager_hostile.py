@@ -14,8 +14,8 @@ import psutil
 import pytest
 import requests
 
-from oncall.pager import read_pages
-from runwatch.promserver import free_port, wait_ready
+from runwatch.oncall.pager import read_pages
+from runwatch.prom.server import free_port, wait_ready
 from tests.test_pager import Pager, alert, payload
 
 HOSTILE = {

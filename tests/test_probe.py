@@ -7,7 +7,7 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
-from exporter.server import start
+from runwatch.exporter.server import start
 from tests.conftest import free_port
 
 

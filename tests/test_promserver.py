@@ -4,8 +4,8 @@ import socket
 
 from prometheus_client import CollectorRegistry
 
-from exporter.server import start
-from runwatch.promserver import free_port, port_is_free
+from runwatch.exporter.server import start
+from runwatch.prom.server import free_port, port_is_free
 
 
 def test_a_listening_port_is_busy_and_a_closed_one_is_free_despite_time_wait():

@@ -7,13 +7,13 @@ import subprocess
 import pytest
 import requests
 
-from runwatch import backtest as bt
-from runwatch.promserver import Process, free_port, instant
-from runwatch.remote_write import _varint, push, snappy_literal, write_request
+from runwatch.backtest import backtest as bt
+from runwatch.backtest.remote_write import _varint, push, snappy_literal, write_request
+from runwatch.prom.server import Process, free_port, instant
+from runwatch.trainer.batch import train_many
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.offline import OfflineRun, series, write_openmetrics
 from tests.conftest import need
-from trainer.batch import train_many
-from trainer.config import TrainConfig
-from trainer.offline import OfflineRun, series, write_openmetrics
 
 
 def serving(prometheus: str, data, tmp_path, *extra: str) -> Process:

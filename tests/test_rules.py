@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oncall.pager import RUNBOOK_BASE
-from runwatch.names import CLUSTER_ALERTS, LESSON20_ALERTS, META_ALERTS, META_GROUP, PLATE_ALERTS, TARGET_ALERTS
-from runwatch.paths import REPO
+from runwatch.core.names import CLUSTER_ALERTS, LESSON20_ALERTS, META_ALERTS, META_GROUP, PLATE_ALERTS, TARGET_ALERTS
+from runwatch.core.paths import REPO
+from runwatch.oncall.pager import RUNBOOK_BASE
 from tests.conftest import edit, need
 
 RULES = REPO / "prometheus" / "rules"
@@ -72,7 +72,7 @@ def test_generated_incident_tests_are_up_to_date():
 
 
 def test_the_alerts_exist_with_the_names_python_knows():
-    """runwatch.names is the one list of alert names Python uses; the rule files must agree."""
+    """runwatch.core.names is the one list of alert names Python uses; the rule files must agree."""
     names = [r["alert"] for r in rules_of("alert")]
     assert names == [*PLATE_ALERTS, *LESSON20_ALERTS, *TARGET_ALERTS, *CLUSTER_ALERTS, *META_ALERTS]
     assert PLATE_ALERTS == ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")  # the plate's

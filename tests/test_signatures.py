@@ -8,8 +8,8 @@ Alert firing is decided only by the rule files (see prometheus/tests and the bac
 import numpy as np
 import pytest
 
-from trainer.config import TrainConfig
-from trainer.run import Trainer
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.run import Trainer
 
 SEEDS = range(20)
 ONSET = 300

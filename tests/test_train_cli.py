@@ -13,9 +13,9 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from exporter.server import start
+from runwatch.exporter.server import start
+from runwatch.trainer.sealed import unseal
 from tests.conftest import free_port
-from trainer.sealed import unseal
 
 INCIDENT_NAMES = ("lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
 

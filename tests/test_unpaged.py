@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from oncall.follow import UNPAGED_AFTER_S, Unpaged
-from oncall.pager import rfc3339_ms
-from runwatch.promserver import Process, free_port
+from runwatch.oncall.follow import UNPAGED_AFTER_S, Unpaged
+from runwatch.oncall.pager import rfc3339_ms
+from runwatch.prom.server import Process, free_port
 from tests.conftest import need
 
 NOW = float(int(time.time()))

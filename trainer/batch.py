@@ -26,10 +26,10 @@ import dataclasses
 
 import numpy as np
 
-from trainer import model
-from trainer.config import TrainConfig
-from trainer.record import Columns, StepRecord
-from trainer.run import (
+from runwatch.trainer import model
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.record import Columns, StepRecord
+from runwatch.trainer.run import (
     Trainer,
     arithmetic,
     batch_source,

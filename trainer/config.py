@@ -17,6 +17,8 @@ import json
 import random
 from dataclasses import dataclass
 
+from runwatch.core.command import number
+
 INCIDENTS = ("none", "lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
 # Incidents of a cluster: one rank among several goes wrong (trainer.rank, trainer.faults).
 CLUSTER_INCIDENTS = ("straggler", "hang", "rank_crash", "ecc")
@@ -30,6 +32,9 @@ MAX_RANKS = 16  # 2 cores here: 8 ranks already share each core four ways
 # 32-bit; a learning rate above 10 makes this model's loss overflow within a few steps.
 MAX_STEPS = 10_000
 MAX_SEED = 2**32 - 1
+# The flags that take a seed or a step, as every command parses them (argparse types).
+SEED = number(int, 0, MAX_SEED)
+STEP = number(int, 0, MAX_STEPS)
 MAX_LR = 10.0
 
 # A drill's onset is drawn from this range, so "it's always step 300" is no shortcut.

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.config import TrainConfig
-from trainer.run import _CLUSTER, _rng, fault_step, struck_rank
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.run import _CLUSTER, _rng, fault_step, struck_rank
 
 XID_FELL_OFF_BUS, XID_DOUBLE_BIT_ECC, XID_ROW_REMAP = 79, 48, 63
 # A GPU that fell off the bus: the driver logs XID 79, the rank's next CUDA call fails, and its

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.config import TrainConfig
-from trainer.run import struck_rank
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.run import struck_rank
 
 # An H100 SXM: 1980 MHz boost clock, 80 GB of memory, 700 W board power.
 NOMINAL_SM_MHZ = 1980.0

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from exporter.metrics import TrainerMetrics
-from runwatch.files import write_atomic
-from trainer.config import TrainConfig
-from trainer.record import StepRecord
-from trainer.run import Trainer
+from runwatch.core.files import write_atomic
+from runwatch.exporter.metrics import TrainerMetrics
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.record import StepRecord
+from runwatch.trainer.run import Trainer
 
 LOG_EVERY = 10
 

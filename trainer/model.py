@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.config import TrainConfig
+from runwatch.trainer.config import TrainConfig
 
 
 def class_means(cfg: TrainConfig) -> np.ndarray:

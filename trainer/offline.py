@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
-from exporter import metrics as m
-from exporter import rank_metrics as rm
-from trainer.config import TrainConfig
-from trainer.faults import Fault, Sample, attempts, fault_of, lost_steps, schedule
-from trainer.gpu import gpu_index, gpu_state, gpu_uuid, node_of
-from trainer.record import Columns, StepRecord
-from trainer.run import Trainer, compute_seconds
+from runwatch.exporter import metrics as m
+from runwatch.exporter import rank_metrics as rm
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.faults import Fault, Sample, attempts, fault_of, lost_steps, schedule
+from runwatch.trainer.gpu import gpu_index, gpu_state, gpu_uuid, node_of
+from runwatch.trainer.record import Columns, StepRecord
+from runwatch.trainer.run import Trainer, compute_seconds
 
 # 2026-01-01T00:00:00Z: a fixed start keeps offline files reproducible byte for byte.
 DEFAULT_START = 1767225600.0

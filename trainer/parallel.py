@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer import model
-from trainer.config import TrainConfig
+from runwatch.trainer import model
+from runwatch.trainer.config import TrainConfig
 
 Part = tuple[float, np.ndarray, np.ndarray, np.ndarray]  # (loss, g_w, g_b, logits) of one share
 

@@ -26,13 +26,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from exporter.rank_metrics import RankMetrics
-from trainer import parallel
-from trainer.config import TrainConfig
-from trainer.faults import XID_EXIT_SECONDS, drain_step, fault_of
-from trainer.gpu import gpu_index, gpu_state, gpu_uuid, node_of
-from trainer.record import StepRecord
-from trainer.run import Trainer, compute_seconds
+from runwatch.exporter.rank_metrics import RankMetrics
+from runwatch.trainer import parallel
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.faults import XID_EXIT_SECONDS, drain_step, fault_of
+from runwatch.trainer.gpu import gpu_index, gpu_state, gpu_uuid, node_of
+from runwatch.trainer.record import StepRecord
+from runwatch.trainer.run import Trainer, compute_seconds
 
 POLL_SECONDS = 0.002
 

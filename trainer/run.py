@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from runwatch.files import write_atomic
-from trainer import model, parallel
-from trainer.config import FAULTS, TrainConfig
-from trainer.record import StepRecord
-from trainer.sealed import is_sealed, seal_text, unseal_text
+from runwatch.core.files import write_atomic
+from runwatch.trainer import model, parallel
+from runwatch.trainer.config import FAULTS, TrainConfig
+from runwatch.trainer.record import StepRecord
+from runwatch.trainer.sealed import is_sealed, seal_text, unseal_text
 
 # Independent random streams; their numbers are part of the data's definition.
 _BATCH, _HELDOUT, _JITTER, _SHUFFLE, _CLUSTER = 0, 1, 2, 3, 4

@@ -14,7 +14,7 @@ import base64
 import json
 from pathlib import Path
 
-from runwatch.files import write_atomic
+from runwatch.core.files import write_atomic
 
 _HEADER = "runwatch sealed drill answer: open it with `runwatch diagnose`, not by hand\n"
 

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from runwatch.lab import Lab
-from runwatch.promserver import wait_ready
+from runwatch.lab.supervise import Lab
+from runwatch.prom.server import wait_ready
 
 HERE = Path(__file__).parent
 INCIDENTS = ("none", "lr_spike", "corrupt_shard", "repeated_batch", "slow_node")

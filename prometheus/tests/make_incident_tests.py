@@ -5,7 +5,7 @@
 One offline run per incident (seed 1000, a seed the rules were not tuned on) is laid on
 promtool's even 1 s grid, and each test asserts the plate's signature as PromQL readouts over
 the ALERTS series that promtool's own rule evaluation wrote: which alerts fire, and at which
-step they first fire. The expected steps are the plate's, from runwatch/signatures.py; nothing
+step they first fire. The expected steps are the plate's, from runwatch/backtest/signatures.py; nothing
 here evaluates a rule.
 """
 
@@ -18,9 +18,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from runwatch.signatures import SIGNATURES  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.offline import simulate  # noqa: E402
+from runwatch.backtest.signatures import SIGNATURES  # noqa: E402
+from runwatch.trainer.config import TrainConfig  # noqa: E402
+from runwatch.trainer.offline import simulate  # noqa: E402
 
 SEED = 1000
 OUT = Path(__file__).with_name("incidents.test.yml")

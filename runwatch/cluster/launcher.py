@@ -29,18 +29,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from exporter.metrics import TrainerMetrics
-from exporter.rank_metrics import LauncherMetrics
-from exporter.server import MetricsServer
-from runwatch.command import UsageError
-from runwatch.files import write_atomic
-from runwatch.promserver import port_is_free
-from trainer.config import CLUSTER_INCIDENTS, TrainConfig
-from trainer.gpu import node_of
-from trainer.live import RunRecord, run_live, utc_now
-from trainer.rank import POLL_SECONDS, JobFailedError, RankTrainer, rank_metrics
-from trainer.run import Trainer, struck_rank
-from trainer.sealed import seal
+from runwatch.cluster.targets import rank_targets
+from runwatch.core.command import UsageError
+from runwatch.core.files import write_atomic
+from runwatch.drill.answer import answer_path, seal_answer
+from runwatch.exporter.metrics import TrainerMetrics
+from runwatch.exporter.rank_metrics import LauncherMetrics
+from runwatch.exporter.server import MetricsServer
+from runwatch.prom.server import port_is_free
+from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.live import RunRecord, run_live, utc_now
+from runwatch.trainer.rank import POLL_SECONDS, JobFailedError, RankTrainer, rank_metrics
+from runwatch.trainer.run import Trainer
 
 RANK_ENV = "PMI_RANK"  # set by MPICH's mpiexec in every rank it starts
 # What the launcher hands on to every rank, by attribute; the rest is fixed by the launcher.
@@ -77,26 +77,6 @@ def rank_argv(
             continue
         argv += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
     return argv
-
-
-def drill_answer(cfg: TrainConfig) -> dict:
-    """What a drill's sealed answer holds: the incident, its onset, the run, and for a cluster
-    incident the rank it strikes (`runwatch diagnose --rank` is graded against it)."""
-    answer = {"incident": cfg.incident, "onset": cfg.onset, "run_id": cfg.label}
-    return answer | ({"rank": struck_rank(cfg)} if cfg.incident in CLUSTER_INCIDENTS else {})
-
-
-def rank_targets(run_id: str, ranks: int, rank_port_base: int, host: str = "127.0.0.1") -> list[dict]:
-    """Prometheus's file_sd groups for the ranks: one target each, labelled run_id, rank and node,
-    so that `up` names the rank that stops answering (RankDown)."""
-    cfg = TrainConfig(ranks=ranks)
-    return [
-        {
-            "targets": [f"{host}:{rank_port_base + r}"],
-            "labels": {"run_id": run_id, "rank": str(r), "node": node_of(cfg, r)},
-        }
-        for r in range(ranks)
-    ]
 
 
 def write_targets(args: argparse.Namespace, cfg: TrainConfig) -> None:
@@ -162,8 +142,8 @@ def launch(args: argparse.Namespace, cfg: TrainConfig, run_dir: Path, serve: Cal
             raise UsageError(f"{flag}: port {port} is already in use on this machine")
     args.run_dir = run_dir  # every attempt's ranks write here
     if cfg.drill and args.sealed_answer is None:  # drawn here once: every rank reads the same answer
-        args.sealed_answer = run_dir / "answer.sealed"
-        seal(args.sealed_answer, drill_answer(cfg))
+        args.sealed_answer = answer_path(run_dir)
+        seal_answer(args.sealed_answer, cfg)
     progress = JobProgress(run_dir / "run.json")
     metrics = LauncherMetrics(cfg.label, progress.ettr)
     server = serve(metrics.registry, args.launcher_port, args.host, "--launcher-port")

@@ -1,22 +1,13 @@
-"""The native lab: `runwatch up | down | status | reload`, without Docker.
+"""The native lab's processes: what `runwatch up` starts, in which order, with which configuration,
+and how `down` finds and stops them again. `runwatch up | down | status | reload` (lab.py) and
+`runwatch drill` (which starts a lab whose incident is hidden) both use it.
 
-`up` starts, on loopback and with the repository's own configuration files:
-
-    trainer      http://127.0.0.1:8000/metrics   (runwatch train)
-    pager        http://127.0.0.1:9095           (runwatch pager-serve)
-    Alertmanager http://127.0.0.1:9093/api/v2/alerts (alertmanager or Debian's prometheus-alertmanager)
-    Prometheus   http://127.0.0.1:9090           (prometheus, with --web.enable-lifecycle)
-    console      http://127.0.0.1:9096/          (runwatch console: plate, pages, runbooks, ack)
-
-Everything it keeps lives in one state directory (default ./.runwatch): Prometheus's TSDB,
+Everything a lab keeps lives in one state directory (default ./.runwatch): Prometheus's TSDB,
 Alertmanager's silences, the page log, each run's run.json, logs and PID files. So `down` then
 `up` keeps Prometheus's history. Prometheus reads prometheus/prometheus.yml and its rules through
 symlinks in the state directory, beside a targets/ folder of loopback addresses, and
 Alertmanager reads alertmanager/alertmanager.yml with each compose service name (`pager`) replaced
 by 127.0.0.1 (`loopback`). Those are the places where the native lab differs from docker compose.
-
-`up` stays in the foreground until Ctrl-C unless --detach; `down` stops what `up` started, by
-PID, after checking each PID still runs the command it was started with.
 """
 
 from __future__ import annotations
@@ -33,25 +24,23 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-import requests
 
-from runwatch.check import run_all
-from runwatch.cluster import drill_answer, rank_targets
-from runwatch.command import DEFAULT_STATE, Command, UsageError, add_state_dir, flag, number, read_json
-from runwatch.files import write_atomic
-from runwatch.names import CONTROL_PORT, LAUNCHER_PORT, PORTS, RANK_PORT_BASE
-from runwatch.names import url as url_of
-from runwatch.paths import Layout, binary
-from runwatch.promserver import PromQLError, instant, port_is_free, wait_ready
-from runwatch.train import SEED, STEP  # the flags' ranges, as `runwatch train` has them
-from trainer.config import CLUSTER_INCIDENTS, INCIDENTS, MAX_RANKS, ConfigError, TrainConfig, draw_drill
-from trainer.live import unique_run_id
-from trainer.sealed import seal
+from runwatch.cluster.targets import rank_targets
+from runwatch.core.command import DEFAULT_STATE, UsageError, config_error, read_json
+from runwatch.core.files import write_atomic
+from runwatch.core.names import CONTROL_PORT, LAUNCHER_PORT, PORTS, RANK_PORT_BASE
+from runwatch.core.names import url as url_of
+from runwatch.core.paths import Layout
+from runwatch.drill.answer import answer_path, seal_answer
+from runwatch.prom.server import port_is_free, wait_ready
+from runwatch.prom.tools import binary
+from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, TrainConfig, draw_drill
+from runwatch.trainer.live import unique_run_id
 
 # Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
 # where a learner's browser reaches each server, natively and through compose's published ports,
@@ -62,6 +51,8 @@ PROMETHEUS_FLAGS = [
     "--rules.alert.resend-delay=2s",  # an Alertmanager that restarts hears of firing alerts in 2 s, not 1 m
     "--storage.tsdb.retention.time=30d",
 ]
+
+
 ALERTMANAGER_FLAGS = [
     "--cluster.listen-address=",  # one Alertmanager: no gossip port
     f"--web.external-url=http://127.0.0.1:{PORTS['alertmanager']}/",
@@ -129,7 +120,7 @@ class Lab:
     # --- a drill's answer ---
 
     def sealed_answer(self, run_id: str) -> Path:
-        return self.runs / run_id / "answer.sealed"
+        return answer_path(self.runs / run_id)
 
     def seal_drill(self, run_id: str, drill_seed: int | None, seed: int = 0, ranks: int = 1) -> None:
         """Draw the drill's incident and onset (and the rank a cluster incident strikes, for a run
@@ -148,7 +139,7 @@ class Lab:
         self.sealed_answer(run_id).parent.mkdir(parents=True, exist_ok=True)
         drawn = draw_drill(rng, cluster=ranks > 1)
         cfg = TrainConfig(incident=drawn["incident"], onset=drawn["onset"], seed=seed, ranks=ranks, run_id=run_id)
-        seal(self.sealed_answer(run_id), drill_answer(cfg))
+        seal_answer(self.sealed_answer(run_id), cfg)
 
     # --- processes ---
 
@@ -356,7 +347,7 @@ def check_run(args: argparse.Namespace) -> None:
     try:
         dataclasses.replace(cfg, onset=cfg.onset if args.onset is None else args.onset).validate()
     except ConfigError as err:
-        raise UsageError(f"{flag(err.field)}: {err.problem}") from None
+        raise config_error(err) from None
 
 
 def up(args: argparse.Namespace) -> int:
@@ -439,136 +430,3 @@ def watch(lab: Lab) -> bool:
     except UsageError:  # `down` holds the lock: look again in a second
         return True
     return bool(records)
-
-
-def down(args: argparse.Namespace) -> int:
-    lab = Lab(args.state_dir)
-    if not lab.records():
-        print(f"no lab running in {lab.state}")
-        return 0
-    with lab.locked(wait=True):
-        print("stopped:", ", ".join(lab.stop_all()) or "nothing (all had exited)")
-    return 0
-
-
-def run_state(lab: Lab) -> str | None:
-    """The lab's current run, as `status` tells it: its id, its last step as Prometheus holds it,
-    and whether it is still running or when it ended (its run.json)."""
-    meta = lab.state / "lab.json"
-    if not meta.exists():
-        return None
-    run_id = str(read_json(meta, "the lab's record").get("run_id"))
-    run_json = lab.runs / run_id / "run.json"
-    run = read_json(run_json, "the run's record") if run_json.exists() else {}
-    if run.get("status") in (None, "running"):
-        try:
-            found = instant(url_of("prometheus"), f'runwatch_train_step{{run_id="{run_id}"}}')
-            state = f"running, at step {int(float(found[0]['value'][1]))}" if found else "running, not yet scraped"
-        except (requests.RequestException, PromQLError):
-            state = "running (Prometheus cannot say at which step)"
-    else:
-        state = f"{run['status']} at {str(run.get('ended_at'))[11:19]} UTC, last step {run.get('last_step')}"
-    return f"run {run_id}: {state}"
-
-
-def status(args: argparse.Namespace) -> int:
-    lab = Lab(args.state_dir)
-    records = lab.records()
-    if not records:
-        print(f"no lab in {lab.state}: start one with `runwatch up`")
-        return 3
-    print(run_state(lab) or f"no run recorded in {lab.state}")
-    bad = 0
-    for name, rec in records.items():
-        if "damaged" in rec:
-            print(f"  {name:13s} DAMAGED    {rec['damaged']}")
-            bad += 1
-            continue
-        if not lab.alive(rec):
-            state = "EXITED"
-        else:
-            try:
-                ok = requests.get(rec["ready_url"], timeout=2).status_code == 200
-            except requests.RequestException:
-                ok = False
-            state = "ready" if ok else "NOT READY"
-        bad += state != "ready"
-        print(f"  {name:13s} {state:10s} pid {rec['pid']:<8d} {rec['url']}")
-    return 1 if bad else 0
-
-
-def reload(args: argparse.Namespace) -> int:
-    """Run every check `runwatch check` runs, then ask Prometheus and Alertmanager to reload, then
-    say which rules fail when Prometheus evaluates them (promtool cannot see those)."""
-    lab = Lab(args.state_dir)
-    meta = lab.state / "lab.json"
-    lab.layout = Layout(Path(str(read_json(meta, "the lab's record").get("root")))) if meta.exists() else Layout()
-    for check, ok, lines in run_all(lab.layout):
-        if not ok:
-            names = " ".join(str(f) for f in check.files)
-            print(f"runwatch reload: refused, {check.name} failed; the running lab keeps its old config:\n  {names}")
-            print("\n".join("      " + line for line in lines))
-            return 1
-    lab.render_alertmanager_config()
-    for name in ("prometheus", "alertmanager"):
-        url = f"http://127.0.0.1:{PORTS[name]}/-/reload"
-        try:
-            resp = requests.post(url, timeout=10)
-        except requests.RequestException as err:
-            print(f"runwatch reload: {name} is not answering at {url}: {err}")
-            return 1
-        if resp.status_code != 200:
-            print(f"runwatch reload: {name} refused the reload: {resp.text.strip()}")
-            return 1
-        print(f"reloaded {name}")
-    failing = evaluation_errors(url_of("prometheus"))
-    for line in failing:
-        print(f"runwatch reload: applied, but fails when evaluated: {line}")
-    return 1 if failing else 0
-
-
-def evaluation_errors(prometheus: str) -> list[str]:
-    """Each rule whose last evaluation failed, once every group has been evaluated since now
-    (two of its intervals, read from Prometheus), as `Rule (group G): Prometheus's error`."""
-
-    def groups() -> list[dict]:
-        return requests.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
-
-    time.sleep(2 * max((g.get("interval", 1) for g in groups()), default=1) + 0.5)
-    return [
-        f"{rule['name']} (group {group['name']}): {rule.get('lastError', '')}"
-        for group in groups()
-        for rule in group["rules"]
-        if rule.get("health") == "err"
-    ]
-
-
-def add_up(p: argparse.ArgumentParser) -> Command:
-    add_state_dir(p)
-    p.add_argument("--incident", default="none", help="incident for the trainer, or random for a drill")
-    p.add_argument("--seed", type=SEED, default=0)
-    p.add_argument("--onset", type=STEP, default=None)
-    p.add_argument("--fast-forward", type=STEP, default=0, metavar="STEP")
-    p.add_argument("--control", action="store_true", help=f"also run a healthy control trainer on :{CONTROL_PORT}")
-    p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision (Lesson 20)")
-    p.add_argument(
-        "--ranks", type=number(int, 1, MAX_RANKS), default=1,
-        help=f"data-parallel ranks under MPI, rank r scraped on :{RANK_PORT_BASE}+r (a cluster incident needs 2+)",
-    )  # fmt: skip
-    p.add_argument("--detach", action="store_true", help="return once everything is ready")
-    p.add_argument("--drill-seed", type=SEED, default=None, help=argparse.SUPPRESS)
-    p.add_argument(
-        "--root",
-        type=Path,
-        default=None,
-        help="configuration to run (default: the one `runwatch check` names)",
-    )
-    return up
-
-
-def add_simple(fn: Command) -> Callable[[argparse.ArgumentParser], Command]:
-    def add(p: argparse.ArgumentParser) -> Command:
-        add_state_dir(p)
-        return fn
-
-    return add

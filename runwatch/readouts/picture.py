@@ -1,6 +1,7 @@
-"""`runwatch plate`: the plate as a picture, drawn from a live Prometheus without Grafana.
+"""The plate as a picture, drawn from a live Prometheus without Grafana: `runwatch plate` draws
+it, the postmortem of a drill embeds it, the console collects the same data for its panels.
 
-    runwatch plate --run corrupt_shard-0-083113 --out plate.png
+    >>> draw(collect("http://127.0.0.1:9090", "corrupt_shard-0-083113", since_s=1200), Path("plate.png"))
 
 It runs the very queries of grafana/dashboards/watching-a-run.json (one source of truth for
 the PromQL) and lays them out as the plate does: training loss (thin) and held-out loss (dots),
@@ -12,22 +13,17 @@ training step, read from runwatch_train_step at each query time.
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
-from runwatch import dashboard_queries as dq
-from runwatch.command import Command, UsageError, check_writable, number
-from runwatch.files import write_atomic
-from runwatch.names import url
-from runwatch.paths import Layout
-from runwatch.promserver import PromQLError, instant, query_range
+from runwatch.core.command import UsageError
+from runwatch.core.files import write_atomic
+from runwatch.core.paths import Layout
+from runwatch.prom.server import instant, query_range
+from runwatch.readouts import dashboard_queries as dq
 
 # Colours of the dotted marks where alerts first fired, in order of firing.
 MARKS = ("tab:purple", "tab:orange", "tab:green", "tab:brown", "tab:pink", "tab:olive")
@@ -155,34 +151,3 @@ def draw(data: PlateData, out: Path) -> None:
     finally:
         plt.close(fig)
     write_atomic(out, image.getvalue())  # whole, fsynced, readable by others (mkstemp's 0600 was not)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> Command:
-    p.add_argument("--run", default=None, help="run_id to draw (default: the lab's run, else the newest)")
-    p.add_argument("--state-dir", type=Path, default=Path(".runwatch"), help="the lab whose run is the default")
-    p.add_argument("--prometheus", default=url("prometheus"), help="Prometheus to query")
-    p.add_argument(
-        "--since", type=number(float, 0, 30 * 24 * 60, low_open=True), default=20, metavar="MINUTES",
-        help="how far back to look (default 20; at most Prometheus's 30 days)",
-    )  # fmt: skip
-    p.add_argument("--out", type=Path, required=True, help="PNG file to write")
-    return run
-
-
-def run(args: argparse.Namespace) -> int:
-    check_writable(args.out, "--out")
-    base = args.prometheus.rstrip("/")
-    try:
-        requests.get(f"{base}/-/ready", timeout=3).raise_for_status()
-    except requests.RequestException as err:
-        raise UsageError(f"--prometheus: {base} is not answering ({type(err).__name__})") from None
-    try:
-        lab_json = args.state_dir / "lab.json"
-        run_id = args.run or (json.loads(lab_json.read_text())["run_id"] if lab_json.exists() else latest_run(base))
-        data = collect(base, run_id, args.since * 60)
-    except PromQLError as err:
-        raise UsageError(f"--prometheus: {err}") from None
-    draw(data, args.out)
-    shown = ", ".join(f"{a} {'—' if s is None else s}" for a, s in data.readouts.items())
-    print(f"wrote {args.out}: run {run_id}; first fired at: {shown}")
-    return 0

@@ -29,15 +29,15 @@ from pathlib import Path
 
 import requests
 
-from oncall.pager import read_pages, received_time
-from runwatch import lab as lab_mod
-from runwatch import plate
-from runwatch.command import Command, UsageError, add_state_dir, check_writable, number, read_json
-from runwatch.files import write_atomic
-from runwatch.names import url
-from runwatch.promserver import PromQLError, instant
-from trainer.config import CLUSTER_INCIDENTS, DRILL_ONSET_RANGE, INCIDENTS, MAX_RANKS
-from trainer.sealed import unseal
+from runwatch.core.command import Command, UsageError, add_state_dir, check_writable, number, read_json
+from runwatch.core.files import write_atomic
+from runwatch.core.names import url
+from runwatch.lab import supervise as lab_mod
+from runwatch.oncall.pager import read_pages, received_time
+from runwatch.prom.server import PromQLError, instant
+from runwatch.readouts import picture as plate
+from runwatch.trainer.config import CLUSTER_INCIDENTS, DRILL_ONSET_RANGE, INCIDENTS, MAX_RANKS, SEED, STEP
+from runwatch.trainer.sealed import unseal
 
 PROMETHEUS = url("prometheus")
 ALERTMANAGER = url("alertmanager")
@@ -454,10 +454,8 @@ def postmortem_markdown(run_id: str, grade: dict, events: list[tuple[float, str]
 
 def add_drill(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
-    p.add_argument("--seed", type=lab_mod.SEED, default=None, help="make the drill reproducible in this state dir")
-    p.add_argument(
-        "--fast-forward", type=lab_mod.STEP, default=0, metavar="STEP", help="skip ahead (below the earliest onset)"
-    )
+    p.add_argument("--seed", type=SEED, default=None, help="make the drill reproducible in this state dir")
+    p.add_argument("--fast-forward", type=STEP, default=0, metavar="STEP", help="skip ahead (below the earliest onset)")
     p.add_argument(
         "--ranks", type=number(int, 1, MAX_RANKS), default=1,
         help="train over N ranks: half the drills then hide a cluster incident, drawn by Llama 3's shares",
@@ -478,7 +476,7 @@ def add_ack(p: argparse.ArgumentParser) -> Command:
 def add_diagnose(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
     p.add_argument("incident", help=f"your diagnosis: one of {', '.join(INCIDENTS + CLUSTER_INCIDENTS)}")
-    p.add_argument("--step", type=lab_mod.STEP, default=None, help="the step you think it began at")
+    p.add_argument("--step", type=STEP, default=None, help="the step you think it began at")
     p.add_argument(
         "--rank",
         type=number(int, 0, MAX_RANKS - 1),

@@ -1,4 +1,4 @@
-"""Where the lab's configuration lives, and the binaries it runs.
+"""Where the lab's configuration lives: the checkout, RUNWATCH_ROOT, or the copy in the wheel.
 
 The configuration (prometheus/, alertmanager/, runbooks/, grafana/) is read in place, so a
 learner's edit is what every command sees. `config_root()` looks, in this order, in:
@@ -16,32 +16,12 @@ Pass `root=` to `Layout` to point at a copy, as the tests do.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
-from runwatch.command import UsageError
+from runwatch.core.command import UsageError
 
-REPO = Path(__file__).resolve().parents[1]  # the checkout, when running from one
-INSTALLED = Path(__file__).resolve().parent / "configuration"  # the wheel's copy (pyproject.toml)
-INSTALL_HINT = "apt-get install prometheus prometheus-alertmanager (Debian or Ubuntu)"
-
-# Debian names Alertmanager's binary prometheus-alertmanager; upstream calls it alertmanager.
-BINARIES = {
-    "prometheus": ("prometheus",),
-    "promtool": ("promtool",),
-    "alertmanager": ("alertmanager", "prometheus-alertmanager"),
-    "amtool": ("amtool",),
-}
-
-
-def binary(name: str) -> str:
-    """The path of a Prometheus-family binary, or a UsageError saying what to install."""
-    for candidate in BINARIES[name]:
-        path = shutil.which(candidate)
-        if path:
-            return path
-    raise UsageError(f"{' or '.join(BINARIES[name])} not found on PATH: {INSTALL_HINT}")
+REPO = Path(__file__).resolve().parents[2]  # the checkout, when running from one
+INSTALLED = Path(__file__).resolve().parents[1] / "configuration"  # the wheel's copy (pyproject.toml)
 
 
 def holds_config(root: Path) -> bool:
@@ -69,20 +49,6 @@ def config_root(cwd: Path | None = None) -> tuple[Path, str]:
         f"no lab configuration found: looked in RUNWATCH_ROOT (unset), {REPO}, {here} and its parents, "
         f"and {INSTALLED}; run from a clone of runwatch or set RUNWATCH_ROOT"
     )
-
-
-# A check by promtool or amtool that runs past this is hung, not slow: `promtool test rules` of
-# every test file takes about 2 s here.
-TOOL_TIMEOUT_S = 120
-
-
-def run_tool(argv: list[str], timeout: float = TOOL_TIMEOUT_S, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run a Prometheus-family tool to completion, capturing its output; a tool that hangs past
-    `timeout` seconds is killed and becomes a one-line UsageError naming it."""
-    try:
-        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise UsageError(f"{Path(argv[0]).name} {' '.join(argv[1:3])} did not finish in {timeout:g}s; killed") from None
 
 
 class Layout:

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from runwatch.files import write_atomic
+from runwatch.core.files import write_atomic
 
 MANIFEST = "manifest.json"
 BLOCKS = "blocks"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import requests
 
-from runwatch.promserver import instant, query_range
+from runwatch.prom.server import instant, query_range
 
 SCRAPE_INTERVAL_S = 1  # the Prometheus datasource's timeInterval (grafana/provisioning)
 MAX_DATA_POINTS = 1000  # about a panel's width in pixels, which Grafana uses to pick $__interval

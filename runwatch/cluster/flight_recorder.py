@@ -19,10 +19,10 @@ import argparse
 import time
 from dataclasses import dataclass
 
-from exporter.rank_metrics import RANK_COLLECTIVE_SEQ, RANK_LAST_STEP_TIME, RANK_STEP
-from runwatch.command import Command, UsageError, add_state_dir, read_json
-from runwatch.names import url
-from runwatch.promserver import PromQLError, instant
+from runwatch.core.command import Command, UsageError, add_state_dir, read_json
+from runwatch.core.names import url
+from runwatch.exporter.rank_metrics import RANK_COLLECTIVE_SEQ, RANK_LAST_STEP_TIME, RANK_STEP
+from runwatch.prom.server import PromQLError, instant
 
 
 @dataclass(frozen=True)

@@ -39,20 +39,22 @@ from pathlib import Path
 import requests
 import yaml
 
-from exporter.metrics import STEP
-from runwatch import signatures as plate
-from runwatch.command import Command, UsageError, check_writable, number
-from runwatch.datacache import DataCache, default_root, key_of
-from runwatch.files import write_atomic
-from runwatch.inline import Inliner, references
-from runwatch.names import CLUSTER_ALERTS, META_GROUP
-from runwatch.paths import Layout, binary, run_tool
-from runwatch.promserver import Process, free_port, query_range
-from runwatch.remote_write import push, write_request
-from trainer.batch import train_columns
-from trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
-from trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, series
-from trainer.run import struck_rank
+from runwatch import exporter, trainer
+from runwatch.backtest import remote_write, signatures
+from runwatch.backtest.datacache import DataCache, default_root, key_of
+from runwatch.backtest.inline import Inliner, references
+from runwatch.backtest.remote_write import push, write_request
+from runwatch.core.command import Command, UsageError, check_writable, config_error, number
+from runwatch.core.files import write_atomic
+from runwatch.core.names import CLUSTER_ALERTS, META_GROUP
+from runwatch.core.paths import Layout
+from runwatch.exporter.metrics import STEP
+from runwatch.prom.server import Process, free_port, query_range
+from runwatch.prom.tools import binary, run_tool
+from runwatch.trainer.batch import train_columns
+from runwatch.trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
+from runwatch.trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, series
+from runwatch.trainer.run import struck_rank
 
 # A load, snapshot or backfill that runs past this is hung, not slow: 500 runs load in about 8 s here.
 BACKFILL_TIMEOUT_S = 900
@@ -83,7 +85,7 @@ CACHE_MAX_MB = 512  # about 34 backtests of 100 seeds (15 MB each)
 
 # --- input ---
 
-ALL_INCIDENTS = plate.INCIDENTS + plate.CLUSTER_INCIDENTS
+ALL_INCIDENTS = signatures.INCIDENTS + signatures.CLUSTER_INCIDENTS
 RANK_ALERTS = ("StragglerRank",)  # alerts whose series name a rank
 
 
@@ -192,7 +194,7 @@ def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, set[str], str, 
             run = OfflineRun(cfg, columns, shift_ms=GRID_PHASE_MS)
             runs.append(run)
             meta.append({"incident": cfg.incident, "seed": cfg.seed, "run_id": cfg.label, "end": run.end_time(),
-                         **({"fault_at": run.fault_time()} if cfg.incident in plate.FAULTS else {})})  # fmt: skip
+                         **({"fault_at": run.fault_time()} if cfg.incident in signatures.FAULTS else {})})  # fmt: skip
         samples = 0
         for i in range(0, len(runs), PUSH_RUNS):
             body, n = write_request(s for run in runs[i : i + PUSH_RUNS] for s in series(run, families))
@@ -349,11 +351,10 @@ def cache_key(
         "prometheus": _identity(prometheus),
         "shift_ms": GRID_PHASE_MS, "start": DEFAULT_START, **({"ranks": ranks} if ranks > 1 else {}),
     }  # fmt: skip
-    here = Path(__file__).resolve().parents[1]
     sources = [
-        *(here / "trainer").glob("*.py"),
-        *(here / "exporter").glob("*metrics.py"),  # the names written
-        here / "runwatch" / "remote_write.py",  # how they are loaded
+        *Path(trainer.__file__).parent.glob("*.py"),
+        *Path(exporter.__file__).parent.glob("*metrics.py"),  # the names written
+        Path(remote_write.__file__),  # how they are loaded
     ]
     return key_of(parts, sources)
 
@@ -499,7 +500,7 @@ def _read_alerts(
 def backtest(
     seeds: list[int],
     rules_dir: Path,
-    incidents: tuple[str, ...] = plate.INCIDENTS,
+    incidents: tuple[str, ...] = signatures.INCIDENTS,
     workers: int | None = None,
     progress: Progress | None = None,
     precision: str = "fp64",
@@ -578,28 +579,28 @@ def summarise(result: Result) -> dict:
         cells = {}
         for alert in result.alerts:
             steps = [readout(r, alert) for r in runs if readout(r, alert) is not None]
-            expect = plate.expectation(incident, alert)
+            expect = signatures.expectation(incident, alert)
             cells[alert] = {
                 "fired": len(steps),
                 "runs": len(runs),
                 "median": statistics.median(steps) if steps else None,
                 "min": min(steps) if steps else None,
                 "max": max(steps) if steps else None,
-                "plate": plate.PLATE_READOUTS.get(incident, {}).get(alert),
+                "plate": signatures.PLATE_READOUTS.get(incident, {}).get(alert),
                 "expect": expect.describe() if expect else None,
                 "met": sum(expect.met(readout(r, alert)) for r in runs) if expect else None,
             }
         matched = sum(
-            all(e.met(readout(r, a)) for a, e in plate.signature(incident).items() if a in result.alerts)
+            all(e.met(readout(r, a)) for a, e in signatures.signature(incident).items() if a in result.alerts)
             and all(r["first_fire"][a] is None for a in result.alerts if incident == "none")
             for r in runs
         )
         summary["incidents"][incident] = {"runs": len(runs), "signature_matched": matched, "alerts": cells}
-        if incident in plate.CLUSTER_INCIDENTS and incident not in plate.FAULTS:  # a straggler's rank
+        if incident in signatures.CLUSTER_INCIDENTS and incident not in signatures.FAULTS:  # a straggler's rank
             summary["incidents"][incident]["named_right_rank"] = named_right_rank(result, runs)
         for r in runs:
             for alert in r["first_fire"]:
-                step, expect = readout(r, alert), plate.expectation(incident, alert)
+                step, expect = readout(r, alert), signatures.expectation(incident, alert)
                 if expect is None or expect.met(step):
                     continue
                 kind = "missed" if step is None else "off_steps" if expect.fires else "false_alarms"
@@ -637,8 +638,8 @@ def leads(result: Result) -> dict:
     """For alerts the plate does not name: in each incident, how many steps before
     TrainingLossJump they first fired (negative: after), over runs where both fired."""
     out: dict = {}
-    others = [a for a in result.alerts if a not in (*plate.ALERTS, *CLUSTER_ALERTS, "TrainerDown")]
-    for incident in (i for i in ALL_INCIDENTS if i not in plate.FAULTS):  # a fault's readouts are not steps
+    others = [a for a in result.alerts if a not in (*signatures.ALERTS, *CLUSTER_ALERTS, "TrainerDown")]
+    for incident in (i for i in ALL_INCIDENTS if i not in signatures.FAULTS):  # a fault's readouts are not steps
         runs = [r for r in result.runs if r["incident"] == incident]
         for alert in others:
             both = [r for r in runs if r["first_fire"][alert] is not None and r["first_fire"][LOSS_ALERT] is not None]
@@ -687,16 +688,16 @@ def _table(title: str, incidents: dict, alerts: list[str], target: bool) -> list
 def _when(finding: dict) -> str:
     if finding["step"] is None:
         return "never"
-    return (
-        f"{finding['step']} s after the fault" if finding["incident"] in plate.FAULTS else f"at step {finding['step']}"
-    )
+    if finding["incident"] in signatures.FAULTS:
+        return f"{finding['step']} s after the fault"
+    return f"at step {finding['step']}"
 
 
 def report(summary: dict, alerts: list[str]) -> str:
     """The readout table: first-fire step, median (range) over seeds, the plate's in brackets;
     for the faults, a second table in seconds from the fault, the target in brackets."""
-    steps = {i: inc for i, inc in summary["incidents"].items() if i not in plate.FAULTS}
-    faults = {i: inc for i, inc in summary["incidents"].items() if i in plate.FAULTS}
+    steps = {i: inc for i, inc in summary["incidents"].items() if i not in signatures.FAULTS}
+    faults = {i: inc for i, inc in summary["incidents"].items() if i in signatures.FAULTS}
     lines = _table("first-fire step: median (min-max) over seeds [the plate's readout]", steps, alerts, False)
     if faults:
         title = "seconds from the fault to the first fire: median (min-max) over seeds [the target]"
@@ -756,18 +757,18 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
 
 def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
-    default = plate.INCIDENTS + (plate.CLUSTER_INCIDENTS if args.ranks > 1 else ())
+    default = signatures.INCIDENTS + (signatures.CLUSTER_INCIDENTS if args.ranks > 1 else ())
     incidents = tuple(i.strip() for i in (args.incidents or ",".join(default)).split(",") if i.strip())
     unknown = [i for i in incidents if i not in ALL_INCIDENTS]
     if unknown:
         raise UsageError(f"--incidents: unknown incident {unknown[0]!r}; choose from {', '.join(ALL_INCIDENTS)}")
-    cluster = [i for i in incidents if i in plate.CLUSTER_INCIDENTS]
+    cluster = [i for i in incidents if i in signatures.CLUSTER_INCIDENTS]
     if cluster and args.ranks == 1:
         raise UsageError(f"--incidents: {cluster[0]} is a cluster incident: it needs --ranks 2 or more")
     try:
         TrainConfig(ranks=args.ranks, precision=args.precision).validate()
     except ConfigError as err:
-        raise UsageError(f"--{err.field}: {err.problem}") from None
+        raise config_error(err) from None
     rules_dir = args.rules or Layout().rules_dir
     if not rules_dir.is_dir():
         raise UsageError(f"--rules: {rules_dir} is not a directory")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runwatch.names import CLUSTER_ALERTS, PLATE_ALERTS
-from trainer.config import CLUSTER_INCIDENTS as CLUSTER_INCIDENTS  # re-exported, as INCIDENTS
-from trainer.config import FAULTS as FAULTS
-from trainer.config import INCIDENTS as INCIDENTS  # re-exported: the plate's incidents are the trainer's
+from runwatch.core.names import CLUSTER_ALERTS, PLATE_ALERTS
+from runwatch.trainer.config import CLUSTER_INCIDENTS as CLUSTER_INCIDENTS  # re-exported, as INCIDENTS
+from runwatch.trainer.config import FAULTS as FAULTS
+from runwatch.trainer.config import INCIDENTS as INCIDENTS  # re-exported: the plate's incidents are the trainer's
 
 ALERTS = PLATE_ALERTS
 

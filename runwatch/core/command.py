@@ -104,6 +104,12 @@ def read_json(path: Path, what: str) -> dict:
     return value
 
 
+def config_error(err: Exception) -> UsageError:
+    """A config field's error (the trainer's ConfigError: `.field` and `.problem`) as the flag that
+    sets the field: `fast_forward: must be ...` -> `--fast-forward: must be ...`."""
+    return UsageError(f"{flag(err.field)}: {err.problem}")
+
+
 def flag(field: str) -> str:
     """The command-line flag of a config field: `fast_forward` -> `--fast-forward`."""
     return "--" + field.replace("_", "-")

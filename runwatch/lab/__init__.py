@@ -1,0 +1,5 @@
+"""The native lab, without Docker: `runwatch up | down | status | reload` (lab.py) and the
+supervision of its processes, their configuration, PID files and logs (supervise.py).
+
+Must not import the drill or the backtest; the drill starts its labs through supervise.py.
+"""
