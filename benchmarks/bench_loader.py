@@ -7,7 +7,7 @@ loads), with the families the shipped rules read:
 
 - OpenMetrics: trainer.offline.write_openmetrics writes the text, and
   `promtool tsdb create-blocks-from openmetrics` parses it into a block;
-- remote write (what the backtest does): runwatch.remote_write encodes the samples, and a
+- remote write (what the backtest does): runwatch.backtest.remote_write encodes the samples, and a
   loading Prometheus takes them and writes its head out with a snapshot (its whole life counted:
   start, ingest, snapshot, stop).
 

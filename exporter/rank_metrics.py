@@ -38,7 +38,7 @@ GPU_SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
 GPU_POWER = "DCGM_FI_DEV_POWER_USAGE"
 GPU_FB_USED = "DCGM_FI_DEV_FB_USED"
 GPU_XID = "DCGM_FI_DEV_XID_ERRORS"
-# The launcher's, for the whole job (runwatch.cluster): it restarts the ranks after a fault
+# The launcher's, for the whole job (runwatch.cluster.launcher): it restarts the ranks after a fault
 JOB_RESTARTS = "runwatch_job_restarts"  # a counter: exposed as ..._total
 JOB_LOST_STEPS = "runwatch_job_lost_steps"  # a counter: exposed as ..._total
 JOB_ETTR = "runwatch_job_ettr"
@@ -119,7 +119,7 @@ class RankMetrics:
 
 
 class LauncherMetrics:
-    """The launcher's registry (runwatch.cluster): restarts, the steps they lost, and ETTR.
+    """The launcher's registry (runwatch.cluster.launcher): restarts, the steps they lost, and ETTR.
 
     `ettr` is called at each scrape and returns the ratio, or None before the first live step.
 

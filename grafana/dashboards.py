@@ -5,10 +5,14 @@
 The JSON is committed because Grafana provisions from files; tests/test_dashboards.py fails
 if regenerating would change it. Two dashboards:
 
-- "Watching a Run": the plate. Loss (thin) and held-out loss (dots), gradient norm with its 3x
-  running-mean threshold, throughput, the incident window and firing alerts as annotations, the
-  plate's readouts for the selected run, the readouts of every run as a table, and what
-  Alertmanager holds now.
+- "Watching a Run": the plate. Loss (thin) and held-out loss (dots) with the 5-step mean and
+  its alert threshold, gradient norm and throughput with theirs, the incident window and firing
+  alerts as annotations, the plate's readouts for the selected run, the readouts of every run as
+  a table, and what Alertmanager holds now.
+
+Every threshold line is the threshold rule in force (alerts.yml's alert:runwatch_threshold:ratio)
+times the alert's baseline, read from Prometheus like any series: edit a threshold, `runwatch
+reload`, and the line follows. No number of a rule is copied here.
 - "runwatch machinery": scrape durations, rule evaluation time, notifications, pages.
 
 Every panel refers to its datasource by the uid provisioned in grafana/provisioning/.
@@ -47,6 +51,20 @@ ALERTMANAGER = DataSourceRef(type_val="alertmanager", uid="runwatch-alertmanager
 ALERTS = PLATE_ALERTS
 RUNBOOKS = f"{url('pager')}/runbooks"  # served by the pager (oncall/)
 RUN = 'run_id="$run"'
+THRESHOLD = "alert:runwatch_threshold:ratio"  # alerts.yml records each alert's threshold under it
+
+
+def threshold_line(alert: str, baseline: str) -> str:
+    """The alert's threshold in force times its baseline: where the compared ratio reaches it.
+
+    scalar(): the threshold is one number, and multiplying by it keeps the baseline's labels.
+    """
+    return f'scalar({THRESHOLD}{{alertname="{alert}"}}) * {baseline}{{{RUN}}}'
+
+
+def threshold_legend(alert: str) -> str:
+    """A threshold line's legend; the console and `runwatch plate` dash what starts "alert threshold"."""
+    return f"alert threshold ({alert})"
 
 
 def query(expr: str, legend: str, ref: str, instant: bool = False, table_format: bool = False) -> prometheus.Dataquery:
@@ -171,17 +189,31 @@ def annotations() -> list[db.AnnotationQuery]:
 # A dot where held-out was evaluated (every 10 steps), as on the plate.
 HELDOUT_DOTS = f"runwatch_train_heldout_loss{{{RUN}}} and on(run_id) (runwatch_train_step{{{RUN}}} % 10 == 0)"
 EXPECTED = "expected (power law fitted to early steps)"
+# TrainingLossJump compares the 5-step mean, not each step's loss, with its threshold x the
+# 30-step baseline: the line is drawn beside what crosses it. One noisy batch may poke above
+# the line on its own; the mean it lifts is what pages.
+LOSS_MEAN = "5-step mean (what TrainingLossJump compares)"
 
 
 def loss_curves(panel: timeseries.Panel | trend.Panel) -> timeseries.Panel | trend.Panel:
     """The plate's loss curves on a panel of either axis: training loss, held-out dots (1 s
-    points), the expected curve dashed, on a log scale."""
+    points), the expected curve dashed, the 5-step mean and TrainingLossJump's threshold line
+    (dashed, red), on a log scale."""
     return (
         panel.with_target(query(f"runwatch_train_loss{{{RUN}}}", "training loss", "A"))
         .with_target(query(HELDOUT_DOTS, "held-out loss", "B"))
         .with_target(query(f"runwatch_train_expected_loss{{{RUN}}}", EXPECTED, "C"))
+        .with_target(query(f"run:runwatch_train_loss:avg5s{{{RUN}}}", LOSS_MEAN, "D"))
+        .with_target(
+            query(
+                threshold_line("TrainingLossJump", "run:runwatch_train_loss:avg30s_offset5s"),
+                threshold_legend("TrainingLossJump"),
+                "E",
+            )
+        )
         .override_by_name("held-out loss", points("held-out loss"))
         .override_by_name(EXPECTED, dashed("expected"))
+        .override_by_name(threshold_legend("TrainingLossJump"), dashed(threshold_legend("TrainingLossJump")))
         .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
         .unit("none")
         .interval(DOT_INTERVAL)
@@ -201,7 +233,8 @@ def loss_by_step() -> trend.Panel:
         .title("Training loss by step (the plate's x axis)")
         .description(
             "The loss panel against the training step, as the plate draws it: training loss (thin), "
-            "held-out loss every 10 steps (dots), and the expected curve (dashed)."
+            "held-out loss every 10 steps (dots), the expected curve (dashed), and the 5-step mean with "
+            "TrainingLossJump's threshold in force x its 30-step baseline (dashed red)."
         )
         .datasource(PROMETHEUS)
         .with_target(query(f"runwatch_train_step{{{RUN}}}", "step", "STEP"))
@@ -230,19 +263,25 @@ def curves() -> list[timeseries.Panel]:
         series_panel(
             "Training loss (thin) and held-out loss (dots)",
             "Training loss of each step's batch, and held-out loss on 400 fixed examples, refreshed every "
-            "10 steps. A repeated batch shows as training loss far below held-out.",
+            "10 steps. A repeated batch shows as training loss far below held-out. TrainingLossJump fires "
+            "when the 5-step mean crosses the dashed line: its threshold in force x the 30-step baseline.",
         )
     )
     grad = (
         series_panel(
             "Gradient norm",
-            "L2 norm of each step's gradient, with the GradientNormJump threshold: 3x its 60-step running mean.",
+            "L2 norm of each step's gradient, with the GradientNormJump threshold in force (alerts.yml) "
+            "x its 60-step running mean.",
         )
         .with_target(query(f"runwatch_train_gradient_norm{{{RUN}}}", "gradient norm", "A"))
         .with_target(
-            query(f"3 * run:runwatch_train_gradient_norm:avg60s{{{RUN}}}", "alert threshold (3x running mean)", "B")
+            query(
+                threshold_line("GradientNormJump", "run:runwatch_train_gradient_norm:avg60s"),
+                threshold_legend("GradientNormJump"),
+                "B",
+            )
         )
-        .override_by_name("alert threshold (3x running mean)", dashed("alert threshold (3x running mean)"))
+        .override_by_name(threshold_legend("GradientNormJump"), dashed(threshold_legend("GradientNormJump")))
     )
     # Not rate() of the token counter: with 1 s scrapes of ~1 s steps, a window of a few seconds
     # holds 2, 3 or 4 steps, so a healthy run's rate jumps between thirds of a step's tokens
@@ -251,18 +290,18 @@ def curves() -> list[timeseries.Panel]:
     throughput = (
         series_panel(
             "Throughput (tokens/s per GPU)",
-            "Measured for each step (its tokens over its device time), with the ThroughputDrop threshold: "
-            "0.8x its 60-step baseline.",
+            "Measured for each step (its tokens over its device time), with the ThroughputDrop threshold in "
+            "force (alerts.yml) x its 60-step baseline.",
         )
         .with_target(query(f"runwatch_train_tokens_per_second{{{RUN}}}", "per step", "A"))
         .with_target(
             query(
-                f"0.8 * run:runwatch_train_tokens_per_second:avg60s_offset5s{{{RUN}}}",
-                "alert threshold (0.8x baseline)",
+                threshold_line("ThroughputDrop", "run:runwatch_train_tokens_per_second:avg60s_offset5s"),
+                threshold_legend("ThroughputDrop"),
                 "B",
             )
         )
-        .override_by_name("alert threshold (0.8x baseline)", dashed("alert threshold (0.8x baseline)"))
+        .override_by_name(threshold_legend("ThroughputDrop"), dashed(threshold_legend("ThroughputDrop")))
         .unit("short")
     )
     return [loss, loss_by_step(), grad, throughput]
@@ -413,18 +452,36 @@ def stability_panels() -> list[timeseries.Panel]:
         series_panel(
             "Loss scale",
             "The dynamic loss scale of mixed precision (fp16 runs). A crash toward zero "
-            "warned OPT-175B's team of trouble; LossScaleCollapse fires at a quarter of its usual level.",
+            "warned OPT-175B's team of trouble; LossScaleCollapse fires at the dashed line: its threshold "
+            "in force (alerts.yml) x the last minute's median.",
         )
         .with_target(query(f"runwatch_train_loss_scale{{{RUN}}}", "loss scale", "A"))
+        .with_target(
+            query(
+                threshold_line("LossScaleCollapse", "run:runwatch_train_loss_scale:median60s"),
+                threshold_legend("LossScaleCollapse"),
+                "B",
+            )
+        )
+        .override_by_name(threshold_legend("LossScaleCollapse"), dashed(threshold_legend("LossScaleCollapse")))
         .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(2))
         .span(6),
         series_panel(
             "Activation norm",
             "L2 norm of the logits, the final layer's activations: batch mean and "
-            "largest example. ActivationNormSpike fires at 3x the largest's running mean.",
+            "largest example. ActivationNormSpike fires when the largest crosses the dashed line: its "
+            "threshold in force (alerts.yml) x the largest's 60-step running mean.",
         )
         .with_target(query(f"runwatch_train_logit_norm_mean{{{RUN}}}", "mean", "A"))
         .with_target(query(f"runwatch_train_logit_norm_max{{{RUN}}}", "max", "B"))
+        .with_target(
+            query(
+                threshold_line("ActivationNormSpike", "run:runwatch_train_logit_norm_max:avg60s"),
+                threshold_legend("ActivationNormSpike"),
+                "C",
+            )
+        )
+        .override_by_name(threshold_legend("ActivationNormSpike"), dashed(threshold_legend("ActivationNormSpike")))
         .span(6),
         series_panel("Weight norm", "L2 norm of all weights and biases.")
         .with_target(query(f"runwatch_train_weight_norm{{{RUN}}}", "weight norm", "A"))

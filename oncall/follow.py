@@ -92,16 +92,23 @@ def format_page(page: dict[str, Any]) -> str:
 
 
 def rule_text(page: dict[str, Any]) -> str:
-    """The rule in force when the page came, as the pager stored it: "EXPR for 10s" ("" if unknown).
+    """The rule in force when the page came, as the pager stored it: "EXPR for 10s", then each
+    threshold rule it reads, "; NAME{LABELS} = EXPRESSION" ("" if unknown).
 
     >>> rule_text({"rule": {"expr": "x > 2", "for": "10s"}}), rule_text({"rule": {"expr": "x > 3", "for": "0s"}})
     ('x > 2 for 10s', 'x > 3')
+    >>> rule_text({"rule": {"expr": "x > scalar(t)", "for": "0s", "thresholds": {'t{alertname="A"}': "vector(4)"}}})
+    'x > scalar(t); t{alertname="A"} = vector(4)'
     """
     rule = page.get("rule")
     if not isinstance(rule, dict) or not rule.get("expr"):
         return ""
     expr, hold = " ".join(str(rule["expr"]).split()), str(rule.get("for", ""))
-    return expr if hold in ("", "0s") else f"{expr} for {hold}"
+    text = expr if hold in ("", "0s") else f"{expr} for {hold}"
+    thresholds = rule.get("thresholds")
+    if isinstance(thresholds, dict):
+        text += "".join(f"; {name} = {' '.join(str(e).split())}" for name, e in thresholds.items())
+    return text
 
 
 def _page(line: bytes) -> dict[str, Any] | None:

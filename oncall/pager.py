@@ -119,38 +119,50 @@ def validate_payload(payload: Any) -> list[dict[str, Any]]:
     return alerts
 
 
-def rules_in_force(prometheus: str, timeout: float = RULES_TIMEOUT_S) -> dict[str, dict[str, str]]:
-    """Each alerting rule's expression and `for:` as Prometheus holds them now, by alert name.
+def rules_in_force(prometheus: str, timeout: float = RULES_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+    """Each alerting rule's expression, `for:` and thresholds as Prometheus holds them now, by alert name.
 
     A page stores its alert's rule, so it quotes the threshold that fired it, whatever a
-    description says and however the rule is edited later. Empty if Prometheus does not
-    answer within timeout: pages are stored all the same, without their rule.
+    description says and however the rule is edited later. A model alert reads its threshold
+    from a recording rule labelled with its name (alerts.yml's alert:runwatch_threshold:ratio),
+    so "thresholds" holds every recording rule labelled alertname=<this alert>, as
+    name{labels} -> expression. Empty if Prometheus does not answer within timeout: pages are
+    stored all the same, without their rule.
 
-        >>> rules_in_force("http://127.0.0.1:9090")["HeldOutGap"]
-        {'expr': 'run:runwatch_train_heldout_to_train_loss:ratio20s > 2', 'for': '10s'}
+        >>> rules_in_force("http://127.0.0.1:9090")["HeldOutGap"]["thresholds"]
+        {'alert:runwatch_threshold:ratio{alertname="HeldOutGap"}': 'vector(2)'}
     """
     if not prometheus:
         return {}
     # In a thread, so that the whole lookup, name resolution included (which a socket timeout
     # does not bound, and which Podman's DNS can stall for seconds), delays pages by at most
     # timeout. A lookup still running then finishes on its own and is dropped.
-    found: dict[str, dict[str, str]] = {}
+    found: dict[str, dict[str, Any]] = {}
     lookup = threading.Thread(target=_read_rules, args=(prometheus, timeout, found), daemon=True)
     lookup.start()
     lookup.join(timeout)
     return dict(found) if not lookup.is_alive() else {}
 
 
-def _read_rules(prometheus: str, timeout: float, found: dict[str, dict[str, str]]) -> None:
+def _read_rules(prometheus: str, timeout: float, found: dict[str, dict[str, Any]]) -> None:
     opener = build_opener(ProxyHandler({}))  # the lab's Prometheus is local: never through a proxy
     try:
-        with opener.open(f"{prometheus.rstrip('/')}/api/v1/rules?type=alert", timeout=timeout) as resp:
+        with opener.open(f"{prometheus.rstrip('/')}/api/v1/rules", timeout=timeout) as resp:
             groups = json.loads(resp.read())["data"]["groups"]
-        rules = [r for g in groups for r in g["rules"] if r.get("type") == "alerting"]
-        read: dict[str, dict[str, str]] = {}
-        for r in rules:  # an alert name in two groups: the first, as Prometheus lists them
-            read.setdefault(str(r["name"]), {"expr": str(r["query"]), "for": f"{float(r.get('duration', 0)):g}s"})
-    except (OSError, ValueError, KeyError, TypeError):  # OSError covers URLError and timeouts
+        every = [r for g in groups for r in g["rules"]]
+        thresholds: dict[str, dict[str, str]] = {}  # alert name -> {name{labels}: expression}
+        for r in (r for r in every if r.get("type") == "recording" and (r.get("labels") or {}).get("alertname")):
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(r["labels"].items()))
+            thresholds.setdefault(str(r["labels"]["alertname"]), {})[f"{r['name']}{{{labels}}}"] = str(r["query"])
+        read: dict[str, dict[str, Any]] = {}
+        for r in (r for r in every if r.get("type") == "alerting"):  # in two groups: the first, as listed
+            name = str(r["name"])
+            read.setdefault(
+                name,
+                {"expr": str(r["query"]), "for": f"{float(r.get('duration', 0)):g}s",
+                 "thresholds": thresholds.get(name, {})},
+            )  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # OSError covers URLError and timeouts
         return
     found.update(read)
 
@@ -158,7 +170,7 @@ def _read_rules(prometheus: str, timeout: float, found: dict[str, dict[str, str]
 def page_record(alert: dict[str, Any], received_at: str, rule: dict[str, str] | None = None) -> dict[str, Any]:
     """Turn one validated alert into the page record stored as one line of the page log.
 
-    rule: the alert's rule in force when the page came ({"expr", "for"}), None if unknown.
+    rule: the alert's rule in force when the page came ({"expr", "for", "thresholds"}), None if unknown.
     """
     labels, annotations = alert["labels"], alert.get("annotations", {})
     return {

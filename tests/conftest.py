@@ -55,6 +55,14 @@ def edit(path: Path, old: str, new: str, count: int = -1) -> None:
     path.write_text(text.replace(old, new, count))
 
 
+def threshold(alert: str, value: str) -> str:
+    """The text of an alert's threshold rule in alerts.yml, for edit(): a learner moving it.
+
+    >>> edit(alerts, threshold("HeldOutGap", "2"), threshold("HeldOutGap", "1.5"))
+    """
+    return f"alertname: {alert}\n        expr: vector({value})\n"
+
+
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

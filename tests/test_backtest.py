@@ -18,7 +18,7 @@ from runwatch.backtest.backtest import duration_seconds, parse_seeds, report
 from runwatch.core.command import UsageError
 from runwatch.core.paths import REPO
 from runwatch.prom.server import instant, query_range
-from tests.conftest import edit, need, wait_for
+from tests.conftest import edit, need, threshold, wait_for
 
 
 def backtest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -93,7 +93,7 @@ def test_an_edited_rule_changes_what_it_catches(tmp_path):
     rules = tmp_path / "rules"
     shutil.copytree(REPO / "prometheus" / "rules", rules)
     alerts = rules / "alerts.yml"
-    edit(alerts, "ratio20s > 2", "ratio20s > 1.5")
+    edit(alerts, threshold("HeldOutGap", "2"), threshold("HeldOutGap", "1.5"))
     edit(alerts, "for: 10s", "for: 3s")
     res = backtest(
         "--seeds", "0-2", "--incidents", "repeated_batch", "--rules", str(rules), "--json", "e.json", cwd=tmp_path
@@ -111,8 +111,8 @@ def test_a_noisy_rule_and_a_deaf_one_are_reported(tmp_path):
     a threshold of 300x never fires."""
     rules = tmp_path / "rules"
     shutil.copytree(REPO / "prometheus" / "rules", rules)
-    edit(rules / "alerts.yml", "gradient_norm:avg60s > 3", "gradient_norm:avg60s > 0.5", 1)
-    edit(rules / "alerts.yml", "loss:avg30s_offset5s > 3", "loss:avg30s_offset5s > 300", 1)
+    edit(rules / "alerts.yml", threshold("GradientNormJump", "3"), threshold("GradientNormJump", "0.5"))
+    edit(rules / "alerts.yml", threshold("TrainingLossJump", "3"), threshold("TrainingLossJump", "300"))
     res = backtest(
         "--seeds", "0", "--incidents", "none,corrupt_shard", "--rules", str(rules), "--json", "r.json", cwd=tmp_path
     )
@@ -132,7 +132,7 @@ def test_a_noisy_rule_and_a_deaf_one_are_reported(tmp_path):
 def test_rules_that_fail_promtool_are_refused_with_its_message(tmp_path):
     rules = tmp_path / "rules"
     shutil.copytree(REPO / "prometheus" / "rules", rules)
-    edit(rules / "alerts.yml", "> 3\n", ">> 3\n", 1)
+    edit(rules / "alerts.yml", "> scalar(", ">> scalar(", 1)
     res = backtest("--seeds", "0", "--rules", str(rules), cwd=tmp_path)
     assert res.returncode == 2
     first = res.stderr.splitlines()[0]
@@ -249,7 +249,7 @@ def test_a_rule_edit_reads_the_cached_runs_and_a_damaged_cache_is_rebuilt(tmp_pa
     # the learner's edit: the same runs, read from the cache, under the new rule
     rules = tmp_path / "rules"
     shutil.copytree(REPO / "prometheus" / "rules", rules)
-    edit(rules / "alerts.yml", "ratio20s > 2\n", "ratio20s > 1.5\n", 1)
+    edit(rules / "alerts.yml", threshold("HeldOutGap", "2"), threshold("HeldOutGap", "1.5"))
     edited = cached_backtest(cache, "--rules", str(rules), "--json", "e.json", cwd=tmp_path)
     assert "from the cache" in edited.stderr
     assert re.findall(r"reading (\w+) \(", edited.stderr) == ["HeldOutGap"]  # only the edited alert is evaluated
@@ -289,8 +289,8 @@ def test_a_recording_read_with_matchers_is_backfilled_and_reads_the_same(tmp_pat
     promtool's backfill of that rule; both ways give the same readouts."""
     rules = tmp_path / "rules"
     shutil.copytree(REPO / "prometheus" / "rules", rules)
-    edit(rules / "alerts.yml", "run:runwatch_train_heldout_to_train_loss:ratio20s > 2",
-         'run:runwatch_train_heldout_to_train_loss:ratio20s{job="trainer"} > 2', 1)  # fmt: skip
+    edit(rules / "alerts.yml", "run:runwatch_train_heldout_to_train_loss:ratio20s\n",
+         'run:runwatch_train_heldout_to_train_loss:ratio20s{job="trainer"}\n', 1)  # fmt: skip
     matched = cached_backtest(tmp_path / "cache", "--rules", str(rules), "--json", "m.json", cwd=tmp_path)
     assert matched.returncode == 0, matched.stderr
     assert "backfilling 1 rules (pass 1/1)" in matched.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runwatch.core.paths import REPO
-from tests.conftest import edit
+from tests.conftest import edit, threshold
 
 
 def check(root: Path) -> subprocess.CompletedProcess:
@@ -42,7 +42,7 @@ def test_broken_yaml_in_a_rule_file_names_the_file(copy):
 
 def test_bad_promql_is_promtools_own_message(copy):
     alerts = copy / "prometheus" / "rules" / "alerts.yml"
-    edit(alerts, "avg60s > 3", "avg60s >> 3", 1)
+    edit(alerts, "> scalar(", ">> scalar(", 1)
     res = check(copy)
     assert res.returncode == 1
     assert "parse error" in res.stdout and "alerts.yml" in res.stdout
@@ -55,7 +55,7 @@ def test_bad_promql_is_promtools_own_message(copy):
 
 def test_a_threshold_edit_that_breaks_a_unit_test_is_reported(copy):
     alerts = copy / "prometheus" / "rules" / "alerts.yml"
-    edit(alerts, "avg60s > 3", "avg60s > 3.5", 1)
+    edit(alerts, threshold("GradientNormJump", "3"), threshold("GradientNormJump", "3.5"))
     res = check(copy)
     assert res.returncode == 1
     assert "ok    promtool check rules" in res.stdout

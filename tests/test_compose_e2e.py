@@ -130,7 +130,8 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
         assert page["runbook_url"] == f"http://127.0.0.1:9095/runbooks/{alert}.md"
         # the pager reached Prometheus by its service name for the rule in force, and the
         # first-fire record is the page's step
-        assert page["rule"] is not None and page["rule"]["expr"].endswith("> 3"), page["rule"]
+        held = f'alert:runwatch_threshold:ratio{{alertname="{alert}"}}'
+        assert page["rule"] is not None and page["rule"]["thresholds"] == {held: "vector(3)"}, page["rule"]
         fired = f'{FIRST_FIRED}{{run_id="{run_id}",alertname="{alert}"}}'
         assert [r["value"][1] for r in instant(PROM, fired)] == [page["step"]]
     # the console reads the others by their service names and links the browser to 127.0.0.1

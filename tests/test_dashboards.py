@@ -175,7 +175,8 @@ def test_every_readout_is_the_first_fire_recorded_once(incident, tmp_path):
     for alert in ("TrainingLossJump", "GradientNormJump"):
         page = paged(incident, alert)
         assert page["step"] == str(record[alert]), (alert, page["step"], record)
-        assert page["rule"]["expr"].endswith("> 3") and page["rule"]["for"] == "0s", page["rule"]
+        held = f'alert:runwatch_threshold:ratio{{alertname="{alert}"}}'
+        assert page["rule"]["thresholds"] == {held: "vector(3)"} and page["rule"]["for"] == "0s", page["rule"]
 
     # At the range of the whole run, and at one that begins long after the alerts fired.
     path = DASHBOARDS / "watching-a-run.json"
@@ -329,7 +330,7 @@ def test_throughput_is_flat_on_a_healthy_run_and_drops_below_the_threshold_on_a_
     # samples, from about step 303 after this fast-forward). Then the baseline takes in the slow
     # steps and the line comes down to them (ThroughputDrop sees a drop, not a level): with only
     # 20 healthy steps behind it, a slow step can meet the line 3 steps later (seen: step 307).
-    threshold = dict(data.series["throughput"]["alert threshold (0.8x baseline)"])
+    threshold = dict(data.series["throughput"]["alert threshold (ThroughputDrop)"])
     first = min(step for step, _ in throughput(data) if step >= 302 and step in threshold)
     assert dict(throughput(data))[first] < threshold[first], (first, throughput(data), threshold)
 

@@ -29,7 +29,8 @@ def test_metric_names_are_found_and_the_rest_is_not():
     [
         ("r:x[20s]", ("20s", None, True, "r:x[20s]")),
         ("rate(r:x [ 30s ] offset -5s)", ("30s", "-5s", True, "r:x [ 30s ] offset -5s")),
-        ('r:x{job="trainer"}', (None, None, False, "r:x")),
+        ('r:x{job="trainer"}', (None, None, False, 'r:x{job="trainer"}')),
+        ('r:x{job=~"t.*"}', (None, None, False, "r:x")),
         ("r:x @ 1767225600", (None, None, False, "r:x")),
         ("r:x[5m:1m]", (None, None, False, "r:x")),
     ],
@@ -69,3 +70,31 @@ def test_what_cannot_be_inlined_exactly_stays_recorded():
     assert inliner.inlinable(['{__name__="r:loss:avg5s"} > 2']) == set()
     cycle = Inliner({"r:a": "r:b + 1", "r:b": "r:a - 1", "r:c": "x"}, lookback="3s", since=0.0)
     assert cycle.inlinable(["r:a > 0", "r:c > 0"]) == {"r:c"}
+
+
+LABELLED = {"t:threshold:ratio": [({"alertname": "A"}, "vector(3)"), ({"alertname": "B"}, "vector(0.8)")]}
+
+
+def test_a_rule_picked_by_the_labels_it_sets_is_inlined_with_them():
+    """alerts.yml's thresholds: one name, one rule per alert, each told apart by `labels:`."""
+    inliner = Inliner(RULES, lookback="3s", since=100.0, labelled=LABELLED)
+    expr = 'r:loss:avg5s > scalar(t:threshold:ratio{alertname="B"})'
+    assert inliner.inlinable([expr]) == {*RULES, "t:threshold:ratio"}
+    assert inliner.inline(expr) == (
+        "last_over_time((avg_over_time(loss[5s]))[3s:1s]) > scalar(last_over_time(("
+        '(label_replace(vector(0.8), "alertname", "B", "", "")) and on() (vector(time()) >= 100.0))[3s:1s]))'
+    )
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "t:threshold:ratio",  # every rule of the name: not one subquery
+        't:threshold:ratio{alertname=~"A|B"}',  # a regex: which rules match is Prometheus's to say
+        't:threshold:ratio{alertname="C"}',  # no rule sets it
+        't:threshold:ratio{job="x"}',  # a label the rules do not set: their expressions decide it
+    ],
+)
+def test_a_labelled_rule_that_no_reference_picks_exactly_stays_recorded(selector):
+    inliner = Inliner(RULES, lookback="3s", since=100.0, labelled=LABELLED)
+    assert inliner.inlinable([f"r:loss:avg5s > scalar({selector})"]) == set(RULES)

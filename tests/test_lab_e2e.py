@@ -23,7 +23,7 @@ from runwatch.backtest.backtest import duration_seconds
 from runwatch.lab.supervise import Component, Lab
 from runwatch.oncall.pager import RUNBOOK_BASE, WATCHDOG_TIMEOUT_S, read_pages, received_time
 from runwatch.prom.server import instant, wait_ready
-from tests.conftest import GRAFANA_PORT, LINK, edit, project_links, runwatch, wait_for
+from tests.conftest import GRAFANA_PORT, LINK, edit, project_links, runwatch, threshold, wait_for
 
 PROM = "http://127.0.0.1:9090"
 TRAINING_ALERTS = {"TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop"}
@@ -204,7 +204,7 @@ def test_pager_down_then_back_gets_the_page_once(lab):
 def test_broken_rule_edit_is_refused_by_reload_and_old_rules_keep_firing(lab):
     alerts = lab.layout.rules_dir / "alerts.yml"
     good = alerts.read_text()
-    alerts.write_text(good.replace("avg60s > 3", "avg60s >> 3", 1))
+    alerts.write_text(good.replace("> scalar(", ">> scalar(", 1))
     try:
         res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
         assert res.returncode == 1
@@ -227,7 +227,7 @@ def test_reload_runs_what_check_runs_and_names_rules_that_fail_when_evaluated(la
     rules = lab.layout.rules_dir
     good = {name: (rules / name).read_text() for name in ("alerts.yml", "baselines.yml")}
     try:
-        edit(rules / "alerts.yml", "avg60s > 3", "avg60s > 3.5", 1)
+        edit(rules / "alerts.yml", threshold("GradientNormJump", "3"), threshold("GradientNormJump", "3.5"))
         res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
         assert res.returncode == 1 and "refused, promtool test rules failed" in res.stdout, res.stdout
         assert "GradientNormJump" in res.stdout and str(rules.parent / "tests") in res.stdout

@@ -21,7 +21,7 @@ from runwatch.core.paths import REPO
 from runwatch.oncall.follow import follow, format_page, main, serve_main
 from runwatch.oncall.pager import RULES_TIMEOUT_S, make_server, read_pages
 from runwatch.prom.server import Process, free_port
-from tests.conftest import need
+from tests.conftest import edit, need, threshold
 
 NOW = 1714564805.25  # 2024-05-01T12:00:05.250Z
 STARTS_AT = "2024-05-01T12:00:00Z"
@@ -155,9 +155,9 @@ def rules_prometheus(tmp_path):
     for f in (REPO / "prometheus" / "rules").glob("*.yml"):
         (rules / f.name).write_text(f.read_text())
     alerts = rules / "alerts.yml"
-    shipped = "expr: run:runwatch_train_heldout_to_train_loss:ratio20s > 2\n        for: 10s"
-    assert shipped in alerts.read_text()
-    alerts.write_text(alerts.read_text().replace(shipped, shipped.replace("> 2", "> 2.5").replace("10s", "20s")))
+    shipped = alerts.read_text()
+    edit(alerts, threshold("HeldOutGap", "2"), threshold("HeldOutGap", "2.5"))
+    edit(alerts, '{alertname="HeldOutGap"})\n        for: 10s', '{alertname="HeldOutGap"})\n        for: 20s')
     (tmp_path / "prometheus.yml").write_text(f"rule_files: ['{rules}/*.yml']\n")
     port = free_port()
     argv = [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
@@ -180,15 +180,23 @@ def test_a_page_stores_the_rule_in_force_and_follows_an_edit(start, rules_promet
     pager = start(prometheus=base)
     assert pager.post(payload(held_out_gap("2024-05-01T12:00:00Z")))[0] == 200
     [edited] = read_pages(pager.log_path)
-    assert edited["rule"] == {"expr": "run:runwatch_train_heldout_to_train_loss:ratio20s > 2.5", "for": "20s"}
-    assert format_page(edited).endswith("rule: run:runwatch_train_heldout_to_train_loss:ratio20s > 2.5 for 20s")
+    # the alert reads its threshold from a recording rule: the page stores that rule's expression too
+    held = 'alert:runwatch_threshold:ratio{alertname="HeldOutGap"}'
+    expr = f"run:runwatch_train_heldout_to_train_loss:ratio20s > scalar({held})"
+    assert edited["rule"] == {"expr": expr, "for": "20s", "thresholds": {held: "vector(2.5)"}}
+    assert format_page(edited).endswith(f"rule: {expr} for 20s; {held} = vector(2.5)")
 
-    alerts.write_text(alerts.read_text().replace(shipped.replace("> 2", "> 2.5").replace("10s", "20s"), shipped))
+    alerts.write_text(shipped)
     requests.post(f"{base}/-/reload", timeout=10).raise_for_status()
     assert pager.post(payload(held_out_gap("2024-05-01T12:05:00Z")))[0] == 200
     restored = read_pages(pager.log_path)[-1]
-    assert restored["rule"] == {"expr": "run:runwatch_train_heldout_to_train_loss:ratio20s > 2", "for": "10s"}
-    assert edited["rule"]["expr"].endswith("> 2.5")  # the first page keeps what fired it
+    assert restored["rule"] == {"expr": expr, "for": "10s", "thresholds": {held: "vector(2)"}}
+    assert edited["rule"]["thresholds"] == {held: "vector(2.5)"}  # the first page keeps what fired it
+    # an alert with no threshold rule (its threshold is in its expression) stores none
+    down = held_out_gap("2024-05-01T12:05:30Z")
+    down["labels"]["alertname"] = "TrainerDown"
+    pager.post(payload(down))
+    assert read_pages(pager.log_path)[-1]["rule"]["thresholds"] == {}
 
     # An alert Prometheus has no rule for (posted by hand): stored, with no rule to quote.
     forged = held_out_gap("2024-05-01T12:06:00Z")

@@ -1,4 +1,4 @@
-"""runwatch.remote_write: the backtest's runs pushed into a real Prometheus hold what promtool
+"""runwatch.backtest.remote_write: the backtest's runs pushed into a real Prometheus hold what promtool
 loads from the OpenMetrics file of the same runs, sample for sample."""
 
 import json

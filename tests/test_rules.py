@@ -12,7 +12,7 @@ import yaml
 from runwatch.core.names import CLUSTER_ALERTS, LESSON20_ALERTS, META_ALERTS, META_GROUP, PLATE_ALERTS, TARGET_ALERTS
 from runwatch.core.paths import REPO
 from runwatch.oncall.pager import RUNBOOK_BASE
-from tests.conftest import edit, need
+from tests.conftest import edit, need, threshold
 
 RULES = REPO / "prometheus" / "rules"
 TESTS = REPO / "prometheus" / "tests"
@@ -97,16 +97,18 @@ def test_recording_rules_are_named_level_metric_operations_with_a_comment():
     text = "".join(f.read_text() for f in sorted(RULES.glob("*.yml")))
     for rule in rules_of("record"):
         assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", rule["record"]), rule["record"]
-        before = text[: text.index(f"- record: {rule['record']}")].rstrip().splitlines()[-1]
-        assert before.strip().startswith("#"), f"{rule['record']} has no comment above it"
+    # every rule, also each of the several that record one name (alerts.yml's thresholds)
+    for m in re.finditer(r"- record: (\S+)", text):
+        before = text[: m.start()].rstrip().splitlines()[-1]
+        assert before.strip().startswith("#"), f"{m[1]} has no comment above it"
 
 
 @pytest.mark.parametrize(
     "old, new, failing",
     [
-        ("avg60s > 3", "avg60s > 12", "GradientNormJump"),  # corrupt shard no longer fires at 300
+        (threshold("GradientNormJump", "3"), threshold("GradientNormJump", "12"), "GradientNormJump"),  # corrupt
         ("for: 10s", "for: 30s", "HeldOutGap"),  # the repeated batch is caught after 339
-        ("avg60s_offset5s < 0.8", "avg60s_offset5s < 0.5", "ThroughputDrop"),  # slow node missed
+        (threshold("ThroughputDrop", "0.8"), threshold("ThroughputDrop", "0.5"), "ThroughputDrop"),  # slow node
     ],
 )
 def test_an_edited_threshold_breaks_the_plates_signature(tmp_path, old, new, failing):

@@ -31,8 +31,10 @@ def runs():
     return {(i, s): series(i, s) for i in incidents for s in SEEDS}
 
 
-def trailing_mean(x: np.ndarray, s: int, window: int) -> float:
-    return float(x[max(0, s - window) : s].mean())
+def steady(x: np.ndarray) -> float:
+    """The run's usual level before the onset: the median of steps 200-299, long past the early
+    descent. A fact about the data, not an alert's baseline (those are PromQL, in baselines.yml)."""
+    return float(np.median(x[200:ONSET]))
 
 
 def test_healthy_run_learns(runs):
@@ -43,36 +45,32 @@ def test_healthy_run_learns(runs):
         assert r["heldout"][-1] < r["heldout"][0] / 5
 
 
-def test_shuffled_shard_lifts_gradient_norm_well_above_3x_its_running_mean(runs):
-    def ratio(incident: str, s: int, t: int) -> float:
-        grad = runs[incident, s]["grad"]
-        return grad[t] / trailing_mean(grad, t, 60)
-
-    healthy_peak = max(ratio("none", s, t) for s in SEEDS for t in range(70, 600))
-    corrupt = [ratio("corrupt_shard", s, ONSET) for s in SEEDS]
-    assert min(corrupt) > 4.0, corrupt
-    assert healthy_peak < 2.5, healthy_peak  # a healthy run does not come near 3x
+def test_shuffled_labels_lift_the_gradient_norm_far_above_anything_a_healthy_run_shows(runs):
+    healthy_peak = max(float(runs["none", s]["grad"][200:].max()) / steady(runs["none", s]["grad"]) for s in SEEDS)
+    corrupt = [float(runs["corrupt_shard", s]["grad"][ONSET]) / steady(runs["corrupt_shard", s]["grad"]) for s in SEEDS]
+    assert min(corrupt) > 2 * healthy_peak, (corrupt, healthy_peak)  # room for a threshold between them
 
 
 def test_shuffled_shard_and_lr_spike_jump_the_loss(runs):
     for s in SEEDS:
-        base = trailing_mean(runs["none", s]["loss"], ONSET, 30)
-        assert runs["corrupt_shard", s]["loss"][ONSET] > 10 * base
+        usual = steady(runs["none", s]["loss"])
+        assert runs["corrupt_shard", s]["loss"][ONSET] > 10 * usual
         lr = runs["lr_spike", s]["loss"]
         assert lr[ONSET] == runs["none", s]["loss"][ONSET]  # the spiked update lands after step 300's loss
-        assert max(lr[ONSET + 1], lr[ONSET + 2]) > 20 * base
+        assert max(lr[ONSET + 1], lr[ONSET + 2]) > 20 * usual
 
 
 def test_repeated_batch_looks_better_than_ever_but_held_out_gives_it_away(runs):
     for s in SEEDS:
         r, h = runs["repeated_batch", s], runs["none", s]
         assert r["loss"][330:360].max() < r["loss"][:300].min()  # better than ever: memorising
-        gap = r["heldout"][340] / r["loss"][330:340].mean()
-        assert gap > 3.0, (s, gap)
-        healthy_gaps = [h["heldout"][t] / h["loss"][t - 10 : t].mean() for t in range(60, 600, 10)]
-        assert max(healthy_gaps) < 2.0, (s, max(healthy_gaps))
-        # fresh data after the repetition: the memorised model does worse than before it
-        assert r["loss"][360:363].mean() > 3 * r["loss"][350:360].mean()
+        # held-out does not follow: it ends the repetition worse than before it, far above the batch
+        assert r["heldout"][350] > r["heldout"][290], s
+        assert r["heldout"][350] > 3 * np.median(r["loss"][330:360]), s
+        # a healthy run's held-out loss never strays far from its batches' loss
+        assert h["heldout"][100:].max() < 2 * np.median(h["loss"][100:]), s
+        # fresh data after the repetition: the memorised model does worse than at any step of it
+        assert r["loss"][360:363].max() > 3 * r["loss"][340:360].max(), s
 
 
 def test_slow_node_changes_only_the_machine(runs):

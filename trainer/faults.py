@@ -14,7 +14,7 @@ restarts every rank from the last checkpoint, as torchrun's elastic agent does: 
 the checkpoint are trained again and counted as lost. A fault strikes once; the restarted job
 runs on the spare.
 
-Live, trainer.rank and runwatch.cluster act this out; offline, `attempts` and `schedule` say
+Live, trainer.rank and runwatch.cluster.launcher act this out; offline, `attempts` and `schedule` say
 when each step ended and what a 1 s scrape saw in between (trainer.offline writes it).
 
     >>> fault_of(TrainConfig(ranks=4, incident="rank_crash", seed=3)).xid

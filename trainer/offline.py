@@ -300,7 +300,7 @@ def series(
 ) -> Iterator[tuple[str, list[tuple[str, str]], list[float], list[int]]]:
     """Every series of one run, as write_openmetrics writes it: (sample name, its labels as
     (name, value) pairs, one value per timestamp, the timestamps in Unix ms). A NaN value is no
-    sample. For a writer other than OpenMetrics text (runwatch.remote_write)."""
+    sample. For a writer other than OpenMetrics text (runwatch.backtest.remote_write)."""
     stamps = run.stamps_ms()
     for name, (kind, entries) in _families(run).items():
         if families is not None and name not in families:

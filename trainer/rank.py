@@ -14,7 +14,7 @@ own (exporter.rank_metrics) on `rank_port_base + rank`.
 
 Faults (trainer.faults) strike here, in the job's first attempt: the struck rank hangs or loses
 its GPU as its step begins; a rank whose exchange outlasts the watchdog raises JobFailedError; an ECC
-error halts every rank at the next checkpoint ("drained"). runwatch.cluster restarts the job.
+error halts every rank at the next checkpoint ("drained"). runwatch.cluster.launcher restarts the job.
 """
 
 from __future__ import annotations

@@ -299,18 +299,25 @@ class Kept:
 def plan(rules: Rules, since: float, inline: bool = True) -> Plan:
     """Inline every recording rule that can be inlined exactly (all of them, with `inline`);
     backfill the others, with what they read inlined, on the grid from `since`."""
-    defs = {r["record"]: r["expr"] for r in rules.recording}
-    inliner = Inliner(defs, LOOKBACK, since)
-    conditions = [r["expr"] for r in rules.alerting]
     labelled = {r["record"] for r in rules.recording if r.get("labels")}
+    defs = {r["record"]: r["expr"] for r in rules.recording if r["record"] not in labelled}
+    # a name several rules record, told apart by their `labels:` (alerts.yml's thresholds)
+    variants: dict[str, list[tuple[dict[str, str], str]]] = {}
+    for r in rules.recording:
+        if r["record"] in labelled:
+            variants.setdefault(r["record"], []).append(({k: str(v) for k, v in (r.get("labels") or {}).items()},
+                                                         r["expr"]))  # fmt: skip
+    inliner = Inliner(defs, LOOKBACK, since, variants)
+    conditions = [r["expr"] for r in rules.alerting]
     inlined = inliner.inlinable(conditions, labelled) if inline else set()
     # the recordings an alert reads, directly or through another recording
-    needed, todo = set(), [n.name for c in conditions for n in references(c) if n.name in defs]
+    reads = {n: [e] for n, e in defs.items()} | {n: [e for _, e in v] for n, v in variants.items()}
+    needed, todo = set(), [n.name for c in conditions for n in references(c) if n.name in reads]
     while todo:
         name = todo.pop()
         if name not in needed:
             needed.add(name)
-            todo += [n.name for n in references(defs[name]) if n.name in defs]
+            todo += [n.name for e in reads[name] for n in references(e) if n.name in reads]
     recorded = [
         {**r, "expr": inliner.inline(r["expr"], inlined)} for r in rules.recording if r["record"] in needed - inlined
     ]

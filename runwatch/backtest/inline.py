@@ -11,9 +11,14 @@ of its time went there. On a 1 s grid a recorded series is exactly a subquery of
 
 where E is R's expression, itself inlined, and guarded to evaluate only from the grid's first
 point on (a backfill records nothing before its start). Prometheus evaluates every subquery on
-whole seconds, which is why the backtest's grid is on whole seconds. A reference this module
-cannot rewrite exactly (label matchers on R, `@`, a subquery of R, a rule with `labels:`) leaves
-R recorded by promtool as before; Prometheus evaluates everything either way.
+whole seconds, which is why the backtest's grid is on whole seconds. A name recorded by rules
+with `labels:` (alerts.yml's thresholds, one rule per alert) is inlined where a reference picks
+exactly one of those rules by equality matchers on the labels it sets:
+
+    R{alertname="X"}  ->  last_over_time((label_replace(E, "alertname", "X", "", ""))[LOOKBACK:1s])
+
+A reference this module cannot rewrite exactly (other matchers on R, `@`, a subquery of R)
+leaves R recorded by promtool as before; Prometheus evaluates everything either way.
 
 Not a PromQL parser: it scans just enough (strings, comments, matchers, label lists, numbers)
 to find metric names, and refuses the rewrite when in doubt.
@@ -51,6 +56,9 @@ _AFTER = re.compile(
     rf"(?:\s*\[\s*(?P<range>{_DURATION})\s*\])?(?:\s*offset\s+(?P<offset>{_DURATION}))?"
     r"(?P<rest>(?=\s*(?:[@\[{]|offset\b)))?"
 )
+# A selector's matchers, when every one is label="value" (the only ones a rule's `labels:` decide)
+_MATCHERS = re.compile(r"\s*\{(?P<body>(?:[^{}\"]|\"(?:[^\"\\]|\\.)*\")*)\}")
+_EQUALS = re.compile(r'\s*(?P<label>[a-zA-Z_]\w*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
 
 # What can give an expression a value before the data's first sample: functions that make a
@@ -71,6 +79,20 @@ class Reference:
     range: str | None  # "20s" in R[20s]
     offset: str | None  # "5s" in R offset 5s
     exact: bool  # False: a form this module does not rewrite (matchers, @, subquery)
+    matchers: dict[str, str] | None = None  # {label: value} of a selector of equality matchers only
+
+
+def _equality_matchers(body: str) -> dict[str, str] | None:
+    """label="value", ... as a dict; None if any matcher is another kind (!=, =~, !~) or repeated."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(body.rstrip()):
+        m = _EQUALS.match(body, pos)
+        if m is None or m["label"] in out or "\\" in m["value"]:
+            return None
+        out[m["label"]] = m["value"]
+        pos = m.end()
+    return out or None
 
 
 def references(expr: str) -> list[Reference]:
@@ -100,6 +122,16 @@ def references(expr: str) -> list[Reference]:
         following = next((t for t in tokens[i + 1 :] if t[0] not in ("space", "comment")), None)
         if text.lower() in _KEYWORDS or (following is not None and following[1] == "("):
             continue  # a keyword, a function or an aggregation
+        matchers = None
+        selector = _MATCHERS.match(expr, end)
+        if selector is not None:
+            matchers = _equality_matchers(selector["body"])
+            m = _AFTER.match(expr, selector.end())
+            if matchers is None or m["rest"] is not None:
+                out.append(Reference(text, start, end, None, None, False))
+                continue
+            out.append(Reference(text, start, m.end(), m["range"], m["offset"], False, matchers))
+            continue
         m = _AFTER.match(expr, end)
         exact = m["rest"] is None
         out.append(Reference(text, start, m.end() if exact else end, m["range"], m["offset"], exact))
@@ -110,12 +142,37 @@ class Inliner:
     """Rewrites expressions so that the named recording rules are evaluated in place.
 
     `rules` maps a recorded name to its expression; `lookback` is the query lookback delta and
-    `since` the grid's first time (Unix seconds) before which nothing was recorded.
+    `since` the grid's first time (Unix seconds) before which nothing was recorded. `labelled`
+    maps a name recorded by rules with `labels:` to each such rule's (labels, expression).
     """
 
-    def __init__(self, rules: dict[str, str], lookback: str, since: float):
+    def __init__(
+        self,
+        rules: dict[str, str],
+        lookback: str,
+        since: float,
+        labelled: dict[str, list[tuple[dict[str, str], str]]] | None = None,
+    ):
         self.rules, self.lookback, self.since = dict(rules), lookback, since
+        self.labelled = {n: list(v) for n, v in (labelled or {}).items() if n not in self.rules}
         self._done: dict[str, str] = {}
+
+    def picked(self, ref: Reference) -> str | None:
+        """The expression of the one labelled rule a reference selects, its labels set as the rule
+        sets them; None unless its equality matchers name labels every candidate sets, and exactly
+        one rule's labels agree (the others' series all differ on some matched label)."""
+        rules = self.labelled.get(ref.name)
+        if not rules or not ref.matchers:
+            return None
+        if any(k not in labels for labels, _ in rules for k in ref.matchers):
+            return None
+        [*match] = [(labels, e) for labels, e in rules if all(labels[k] == v for k, v in ref.matchers.items())]
+        if len(match) != 1:
+            return None
+        labels, body = match[0]
+        for k, v in sorted(labels.items()):
+            body = f'label_replace({body}, "{k}", "{v}", "", "")'
+        return body
 
     def inlinable(self, exprs: list[str], labelled: set[str] = frozenset()) -> set[str]:
         """The recorded names whose every reference, in `exprs` and in the rules, can be replaced.
@@ -124,19 +181,28 @@ class Inliner:
         rewrite, a rule that adds `labels:`, a rule in a cycle, and every name as soon as some
         expression selects by `__name__` (it may select a recorded series by a pattern).
         """
-        everything = [*exprs, *self.rules.values()]
+        everything = [*exprs, *self.rules.values(), *(e for rules in self.labelled.values() for _, e in rules)]
         if any("__name__" in e for e in everything):
             return set()
-        bad = set(labelled)
+        bad = set(labelled) - set(self.labelled)
         for e in everything:
-            bad |= {r.name for r in references(e) if r.name in self.rules and not r.exact}
-        cyclic = {n for n in self.rules if self._cyclic(n)}
-        return set(self.rules) - bad - cyclic
+            for r in references(e):
+                if r.name in self.rules and not r.exact:
+                    bad.add(r.name)
+                elif r.name in self.labelled and self.picked(r) is None:
+                    bad.add(r.name)
+        names = set(self.rules) | set(self.labelled)
+        cyclic = {n for n in names if self._cyclic(n)}
+        return names - bad - cyclic
+
+    def _reads(self, name: str) -> list[str]:
+        exprs = [self.rules[name]] if name in self.rules else [e for _, e in self.labelled.get(name, [])]
+        return [r.name for e in exprs for r in references(e) if r.name in self.rules or r.name in self.labelled]
 
     def _cyclic(self, name: str, seen: tuple[str, ...] = ()) -> bool:
         if name in seen:
             return True
-        return any(self._cyclic(r.name, (*seen, name)) for r in references(self.rules[name]) if r.name in self.rules)
+        return any(self._cyclic(n, (*seen, name)) for n in self._reads(name))
 
     def guarded(self, expr: str) -> str:
         """expr, empty before the grid's first time: a backfill records nothing earlier.
@@ -152,12 +218,20 @@ class Inliner:
 
     def inline(self, expr: str, names: set[str] | None = None) -> str:
         """expr with every reference to `names` (default: all rules) replaced by its subquery."""
-        names = set(self.rules) if names is None else names
+        names = set(self.rules) | set(self.labelled) if names is None else names
         out, last = [], 0
         for ref in references(expr):
             if ref.name not in names:
                 continue
-            body = self.guarded(self._expression(ref.name, names))
+            if ref.name in self.labelled:
+                picked = self.picked(ref)
+                if picked is None:
+                    continue  # not inlinable() either: it is recorded
+                body = self.guarded(self.inline(picked, names))
+            elif ref.exact:
+                body = self.guarded(self._expression(ref.name, names))
+            else:
+                continue
             if ref.range is not None:
                 text = f"({body})[{ref.range}:1s]"
                 if ref.offset:

@@ -5,7 +5,9 @@ it, the postmortem of a drill embeds it, the console collects the same data for 
 
 It runs the very queries of grafana/dashboards/watching-a-run.json (one source of truth for
 the PromQL) and lays them out as the plate does: training loss (thin) and held-out loss (dots),
-gradient norm with its alert threshold, throughput, the incident window shaded, and the
+the 5-step mean, gradient norm and throughput, each with its alert threshold dashed (the
+threshold rule in force times the baseline, so an edited and reloaded rule moves the line),
+the incident window shaded, and the
 readouts (the step at which each alert first fired, as alerts.yml recorded it) written on the
 figure and marked on every panel by a dotted line. The x axis is the
 training step, read from runwatch_train_step at each query time.
@@ -124,7 +126,11 @@ def draw(data: PlateData, out: Path) -> None:
         for legend, pts in data.series.get(key, {}).items():
             if pts:
                 xs, ys = zip(*pts, strict=True)
-                style = styles.get(legend, {"linewidth": 0.8, "linestyle": "--" if "threshold" in legend else "-"})
+                # the dashboards' threshold legends start "alert threshold"; dashed red, as in Grafana
+                dashed = legend.startswith("alert threshold")
+                style = styles.get(legend, {"linewidth": 0.8, "linestyle": "--" if dashed else "-"})
+                if dashed:
+                    style = {**style, "color": "tab:red"}
                 ax.plot(xs, ys, label=legend, **style)
         for lo, hi in data.incident:
             ax.axvspan(lo, hi + 1, color="red", alpha=0.12, label="incident" if key == "loss" else None)

@@ -1,0 +1,147 @@
+"""Write every alert's runbook link and step lookup from one pattern, in place, keeping every comment.
+
+    python prometheus/make_annotations.py                 # rewrite prometheus/rules/*.yml
+    python prometheus/make_annotations.py --check         # exit 1, naming each line that drifted
+    python prometheus/make_annotations.py --base-url http://pager.runwatch.svc:9095/runbooks --out DIR
+
+kubernetes-mixin's add-runbook-links.libsonnet applies one `runbookURLPattern` to every alert;
+this is that, for YAML rule files a learner edits by hand. Only three kinds of line are written:
+`runbook_url:` (added under `annotations:` when an alert has none), `step:`, and the step
+lookup inside a description ("At step {{ ... }}"). Prometheus expands each annotation on its
+own, so a description cannot refer to the `step` annotation: the lookup is written into both,
+from STEPS. Line by line, not through a YAML round trip, which would drop the comments that say
+why each number is what it is. Idempotent: a second run changes nothing.
+
+Do not use it to change what an alert does: it never touches an expression.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+RULES = Path(__file__).with_name("rules")
+# The pager serves the runbooks (oncall/pager.py's RUNBOOK_BASE); a Kubernetes chart renders
+# the rules with the pager's in-cluster address instead (--base-url).
+BASE_URL = "http://127.0.0.1:9095/runbooks"
+RUNBOOK_URL_PATTERN = "{base}/{alertname}.md"
+
+
+def step_lookup(selector: str) -> str:
+    """The template that asks Prometheus for a run's step when the alert fires, as a whole number."""
+    query = f'{{{{ with printf "{selector}" $labels.run_id | query }}}}'
+    return query + '{{ . | first | value | printf "%.0f" }}{{ end }}'
+
+
+# The run's step, read at the evaluation the alert fired in. A stalled cluster run serves no
+# training step while its ranks wait, so TrainingStalled reads the furthest rank's step.
+STEP = step_lookup("runwatch_train_step{run_id=%q}")
+STEPS = {"TrainingStalled": step_lookup("max(runwatch_rank_step{run_id=%q})")}
+
+_ALERT = re.compile(r"^\s*- alert:\s*(?P<name>\S+)\s*$")
+_OTHER_RULE = re.compile(r"^\s*- (?:record|name):")
+_ANNOTATIONS = re.compile(r"^(?P<indent>\s*)annotations:\s*$")
+_RUNBOOK = re.compile(r"^(?P<indent>\s*)runbook_url:.*$")
+_STEP = re.compile(r"^(?P<indent>\s*)step:.*$")
+# "At step " and the lookup after it, up to the first {{ end }}: a description's step
+_DESCRIBED_STEP = re.compile(r"(?P<lead>At step )\{\{-?\s*with\b.*?\{\{-?\s*end\s*-?\}\}")
+
+
+class AnnotationError(ValueError):
+    """A rule file this cannot rewrite; the message names the file, line and alert."""
+
+
+def render(text: str, base_url: str = BASE_URL, where: str = "rules") -> str:
+    """text with every alert's runbook_url, step and described step written from the patterns."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    alert: str | None = None
+    has_runbook: dict[str, bool] = {}
+    annotations_at: dict[str, tuple[int, str]] = {}  # alert -> (index in out, indent of its annotations)
+    for number, line in enumerate(lines, 1):
+        body = line.rstrip("\n")
+        newline = line[len(body) :]
+        if m := _ALERT.match(body):
+            alert = m["name"]
+            if alert in has_runbook:
+                raise AnnotationError(f"{where}: line {number}: alert {alert} is defined twice in one file")
+            has_runbook[alert] = False
+        elif _OTHER_RULE.match(body):
+            alert = None
+        elif alert is not None:
+            step = STEPS.get(alert, STEP)
+            if m := _ANNOTATIONS.match(body):
+                annotations_at[alert] = (len(out), m["indent"])
+            elif m := _RUNBOOK.match(body):
+                has_runbook[alert] = True
+                body = f"{m['indent']}runbook_url: {RUNBOOK_URL_PATTERN.format(base=base_url, alertname=alert)}"
+            elif m := _STEP.match(body):
+                body = f"{m['indent']}step: '{step}'"
+            else:
+                body = _DESCRIBED_STEP.sub(lambda d, s=step: d["lead"] + s, body)
+        out.append(body + newline)
+    # an alert without a link gets one, first under its annotations (the inserts go from the end,
+    # so the earlier indices stay right)
+    missing = [a for a, found in has_runbook.items() if not found]
+    for name in sorted(missing, key=lambda a: -annotations_at.get(a, (0, ""))[0]):
+        if name not in annotations_at:
+            raise AnnotationError(f"{where}: alert {name} has no `annotations:` to put its runbook_url under")
+        at, indent = annotations_at[name]
+        out.insert(at + 1, f"{indent}  runbook_url: {RUNBOOK_URL_PATTERN.format(base=base_url, alertname=name)}\n")
+    return "".join(out)
+
+
+def drift(before: str, after: str, where: str) -> list[str]:
+    """One line per line that render() would change: the file, the line number and what it says."""
+    a, b = before.splitlines(), after.splitlines()
+    if len(a) != len(b):
+        return [f"{where}: an alert has no runbook_url line"]
+    changed = [n for n, (old, new) in enumerate(zip(a, b, strict=True), 1) if old != new]
+    return [f"{where}: line {n}: {a[n - 1].strip()[:80]}" for n in changed]
+
+
+def rule_files(rules: Path) -> list[Path]:
+    files = sorted(rules.glob("*.yml"))
+    if not files:
+        raise AnnotationError(f"--rules: no .yml rule files in {rules}")
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make_annotations.py", description=__doc__.splitlines()[0])
+    p.add_argument("--rules", type=Path, default=RULES, help="the rule files' directory (default prometheus/rules)")
+    p.add_argument("--base-url", default=BASE_URL, help=f"where the runbooks are served (default {BASE_URL})")
+    p.add_argument("--out", type=Path, default=None, help="write the rendered files here (default: in place)")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file differs from the pattern")
+    args = p.parse_args(argv)
+    if not re.fullmatch(r"https?://\S+", args.base_url):
+        print(f"make_annotations.py: --base-url: expected http(s)://host/path, got {args.base_url!r}", file=sys.stderr)
+        return 2
+    base_url = args.base_url.rstrip("/")
+    try:
+        files = rule_files(args.rules)
+        rendered = {f: render(f.read_text(), base_url, str(f)) for f in files}
+    except (AnnotationError, OSError, UnicodeDecodeError) as err:
+        print(f"make_annotations.py: {err}", file=sys.stderr)
+        return 2
+    if args.check:
+        found = [d for f, text in rendered.items() for d in drift(f.read_text(), text, str(f))]
+        for line in found:
+            print(line, file=sys.stderr)
+        if found:
+            print("make_annotations.py: run `python prometheus/make_annotations.py` to write them", file=sys.stderr)
+        return 1 if found else 0
+    out = args.out or args.rules
+    out.mkdir(parents=True, exist_ok=True)
+    for f, text in rendered.items():
+        target = out / f.name
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+            print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
