@@ -4,7 +4,6 @@
 #   make test-compose  docker-compose.yml run for real: on Docker if there is one, else on Podman
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := prometheus prometheus-alertmanager
 # Podman's Docker API runs the compose file where there is no Docker engine: netavark and
 # aardvark-dns give containers their service names (the CNI alternative apt may pick has no
 # DNS); debootstrap and busybox-static build the substitute images (compose/podman/README.md).
@@ -32,9 +31,10 @@ define apt_install
 	fi
 endef
 
-# Debian names Alertmanager's binary prometheus-alertmanager; upstream calls it alertmanager.
+# Prometheus 3.5 (LTS) and Alertmanager 0.33, as production clusters run them, from Debian's sid
+# into runwatch's own folder (~/.cache/runwatch/bin); Debian 12's own 2.42 and 0.25 are too old.
 binaries:
-	$(call apt_install,$(APT_PACKAGES))
+	@bash prometheus/fetch-binaries.sh
 
 # The console's browser tests drive Debian's chromium (Playwright downloads no browser here).
 browser:

@@ -68,7 +68,7 @@ class Sources:
     grafana_link: str = ""
     state_dir: Path | None = None  # the native lab's: its run, and its drill
     dashboard: dict = field(default_factory=dict)
-    _rules_path: str | None = None
+    _has_ui: bool | None = None  # whether this Prometheus serves its web UI (Debian's 3.x build has none)
 
     def __post_init__(self) -> None:
         self.prometheus, self.alertmanager, self.pager = (
@@ -165,28 +165,36 @@ class Sources:
             "panels": {key: aligned(data, key) for key in ("loss", "grad", "throughput")},
             "incident": [] if info["drill"] else data.incident,
             "readouts": data.readouts,
-            "links": {key: self.graph_link(key, run_id, end - start) for key in ("loss", "grad", "throughput")},
+            "links": {key: self.graph_link(key, run_id, end - start) for key in ("loss", "grad", "throughput")}
+            if self.has_ui()
+            else {},
         }
 
+    def has_ui(self) -> bool:
+        """Whether Prometheus serves its web UI, asked once: upstream's builds (compose's image)
+        do, at /query; Debian's 3.x build has none (/query answers 404), and a link into it
+        would be a dead page, so none is offered."""
+        if self._has_ui is None:
+            try:
+                found = requests.get(f"{self.prometheus}/query", timeout=TIMEOUT_S).status_code == 200
+            except requests.RequestException:
+                return False  # ask again next time
+            self._has_ui = found
+        return self._has_ui
+
     def graph_link(self, key: str, run_id: str, range_s: float) -> str:
-        """The panel's queries, opened in Prometheus's graph page (classic on Debian's build)."""
+        """The panel's queries, opened in Prometheus's query page (ask `has_ui` first)."""
         params: dict[str, str] = {}
         panel = [q for q in dq.queries(self.dashboard) if q.kind == "panel" and q.title == PANELS[key]]
         for i, q in enumerate(panel):
             params[f"g{i}.expr"] = dq.substitute(q.expr, {"run": run_id}, range_s, q)
             params[f"g{i}.tab"] = "0"
             params[f"g{i}.range_input"] = f"{max(int(range_s // 60) + 1, 1)}m"
-        return f"{self.prometheus_link}/graph?{urlencode(params)}"
+        return f"{self.prometheus_link}/query?{urlencode(params)}"
 
     def rules_link(self) -> str:
-        """Prometheus's rules page: /classic/rules on Debian's build (its only UI), else /rules."""
-        if self._rules_path is None:
-            try:
-                classic = requests.get(f"{self.prometheus}/classic/rules", timeout=TIMEOUT_S).status_code == 200
-            except requests.RequestException:
-                return f"{self.prometheus_link}/rules"  # ask again next time
-            self._rules_path = "/classic/rules" if classic else "/rules"
-        return f"{self.prometheus_link}{self._rules_path}"
+        """Prometheus's alerting rules page, or "" where it serves no UI."""
+        return f"{self.prometheus_link}/alerts" if self.has_ui() else ""
 
     def grafana(self, run_id: str) -> str:
         """The Grafana dashboard for the run, where Grafana runs (compose); "" natively."""

@@ -1,12 +1,16 @@
 """`runwatch check`: every static check a learner needs after editing the lab's YAML.
 
     $ runwatch check
+    configuration: /home/me/runwatch (the current directory)
+    prometheus    3.5.3+ds1    /home/me/.cache/runwatch/bin/prometheus
+    ...
     ok    promtool check rules    prometheus/rules/alerts.yml prometheus/rules/baselines.yml
     ok    promtool check config   prometheus/prometheus.yml
     FAIL  promtool test rules     prometheus/tests/alerts.test.yml ...
           <promtool's own output, naming the file and the failing case>
 
-Exits 1 if any check fails. It checks files only; `runwatch reload` applies them to a running lab.
+Each binary is named with its version (a Prometheus older than 3 is refused: the rules are written
+for 3.x). Exits 1 if any check fails. It checks files only; `runwatch reload` applies them to a running lab.
 promtool's output is shown once: a line it repeats (one parse error is reported again for
 every rule file a config loads and every test group) is printed the first time only, and the
 unit tests are skipped while the rules do not load.
@@ -21,6 +25,7 @@ from pathlib import Path
 from runwatch.core.command import Command
 from runwatch.core.paths import Layout
 from runwatch.prom.checks import run_all
+from runwatch.prom.tools import BINARIES, binary, version
 
 
 def add_arguments(p: argparse.ArgumentParser) -> Command:
@@ -32,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
 def run(args: argparse.Namespace) -> int:
     layout = Layout(args.root)
     print(f"configuration: {layout.root} ({layout.found_in})")
+    for name in BINARIES:  # the lab's binaries: the checks run two, `up` and the backtest the others
+        path = binary(name)
+        print(f"{name:13s} {version(path):12s} {path}")
     failed = 0
     for check, ok, lines in run_all(layout):
         names = " ".join(

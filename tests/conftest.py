@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from runwatch.core.command import UsageError
 from runwatch.core.paths import REPO
 from runwatch.lab.supervise import Lab
 from runwatch.prom.server import free_port  # noqa: F401 (tests import it from here)
+from runwatch.prom.tools import BINARIES, binary
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -32,11 +34,17 @@ def own_cache(tmp_path_factory) -> Path:
     return root
 
 
-def need(binary: str) -> str:
-    """The binary's path; fail (not skip) when it is missing: CI installs it."""
-    path = shutil.which(binary)
+def need(name: str) -> str:
+    """A binary's path; fail (not skip) when it is missing: CI installs it. The Prometheus family
+    is found as the lab finds it (prometheus/fetch-binaries.sh's folder first, Prometheus 3 only)."""
+    if name in BINARIES:
+        try:
+            return binary(name)
+        except UsageError as err:
+            pytest.fail(str(err))
+    path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{binary} is not on PATH: apt-get install prometheus prometheus-alertmanager")
+        pytest.fail(f"{name} is not on PATH: `make test` installs it")
     return path
 
 

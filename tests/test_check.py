@@ -79,3 +79,46 @@ def test_a_hung_tool_is_killed_and_named_in_one_line():
         run_tool(["sleep", "30"], timeout=0.3)
     assert str(err.value) == "sleep 30 did not finish in 0.3s; killed"
     assert time.monotonic() - t0 < 10
+
+
+def test_it_names_every_binary_it_uses_with_its_version(copy):
+    from runwatch.prom.tools import BINARIES, binary, version
+
+    lines = check(copy).stdout.splitlines()[1:5]
+    for name, line in zip(BINARIES, lines, strict=True):
+        found = binary(name)
+        assert line.split() == [name, version(found), found], line
+        assert int(version(found).split(".")[0]) >= (3 if name.startswith("prom") else 0), line
+
+
+def old_binary(folder: Path, name: str, version: str) -> None:
+    """An executable that reports an old version, as Debian 12's promtool 2.42 does: the check
+    refuses it from its --version answer alone, before running it for anything else."""
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(f"#!/bin/sh\necho '{name}, version {version} (branch: debian/sid, revision: {version}-5)'\n")
+    path.chmod(0o755)
+
+
+def run_with(path: str, fetched: Path, copy: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": path, "RUNWATCH_BIN": str(fetched), "HOME": str(copy)}
+    return subprocess.run([sys.executable, "-m", "runwatch", "check", "--root", str(copy)], capture_output=True,
+                          text=True, timeout=60, env=env)  # fmt: skip
+
+
+def test_a_prometheus_older_than_3_on_path_is_refused_with_what_to_run(copy, tmp_path):
+    old = tmp_path / "debian12"
+    for name in ("prometheus", "promtool"):
+        old_binary(old, name, "2.42.0+ds")
+    res = run_with(str(old), tmp_path / "nothing-fetched", copy)
+    assert res.returncode == 2, res.stdout + res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert f"{old}/prometheus is prometheus 2.42.0+ds" in line and "need prometheus 3 or later" in line
+    assert "make binaries" in line
+
+
+def test_no_binaries_at_all_says_what_to_run(copy, tmp_path):
+    res = run_with(str(tmp_path / "empty"), tmp_path / "nothing-fetched", copy)
+    assert res.returncode == 2
+    (line,) = res.stderr.strip().splitlines()
+    assert "prometheus not found in" in line and "nothing-fetched" in line and "make binaries" in line

@@ -139,7 +139,13 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
     assert f'<option value="{run_id}" selected>' in requests.get(CONSOLE, timeout=10).text
     plate = requests.get(f"{CONSOLE}/api/plate", params={"run": run_id}, timeout=30).json()
     assert len(plate["panels"]["loss"]["steps"]) > 20 and plate["readouts"]["GradientNormJump"] == int(page["step"])
-    assert plate["links"]["loss"].startswith("http://127.0.0.1:9090/graph?")
+    # links into Prometheus's web UI are offered where it serves one (upstream's image), and
+    # open; Podman's look-alike image carries Debian's build, which has none: then none is offered
+    if requests.get(f"{PROM}/query", timeout=10).status_code == 200:
+        assert plate["links"]["loss"].startswith("http://127.0.0.1:9090/query?")
+        assert all(requests.get(u, timeout=10).status_code == 200 for u in plate["links"].values())
+    else:
+        assert plate["links"] == {}
     shown = requests.get(f"{CONSOLE}/pages", params={"run": run_id}, timeout=10).text
     assert 'data-alert="GradientNormJump"' in shown and "rule in force" in shown
     # every link the project writes opens here too (no Grafana and no control run in this test)

@@ -63,13 +63,14 @@ def test_the_plate_appears_and_follows_the_run(lab, tab):
     assert plate["incident"] and plate["incident"][0][0] >= 300  # the corrupt shard's window, shaded
     assert 300 <= plate["readouts"]["GradientNormJump"] <= 302
     assert "GradientNormJump 30" in tab.inner_text("#readouts")
-    # Every link out opens: each panel's queries in Prometheus's graph page, and the rules page.
+    # No link out is a dead page: Debian's Prometheus 3 serves no web UI (its query page answers
+    # 404), so the console offers no link into it (compose's upstream image has the UI: there the
+    # links are offered, and tests/test_compose_e2e.py opens them).
+    assert requests.get(f"{PROM}/query", timeout=10).status_code == 404
+    assert plate["links"] == {}
     for key in ("loss", "grad", "throughput"):
-        href = tab.get_attribute(f"#link-{key}", "href")
-        assert href.startswith(f"{PROM}/graph?g0.expr=") and lab.run_id in requests.utils.unquote(href)
-        assert requests.get(href, timeout=10).status_code == 200
-    rules = tab.get_attribute("#rules-link", "href")
-    assert rules == f"{PROM}/classic/rules" and requests.get(rules, timeout=10).status_code == 200
+        assert not tab.is_visible(f"#link-{key}")
+    assert tab.query_selector("#rules-link") is None
 
 
 def forged_page(run_id: str, text: str) -> dict:

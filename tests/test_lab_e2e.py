@@ -82,8 +82,8 @@ def test_status_reports_every_component_ready(lab):
 
 def test_every_link_the_project_writes_or_prints_opens_on_the_native_lab(lab):
     """README, the lab guide, the runbooks, the rules' annotations, the dashboards' links,
-    `runwatch status` and the page lines: each address answers 200 here (Debian's Prometheus
-    has only its classic UI, and Debian's Alertmanager no web UI at all)."""
+    `runwatch status` and the page lines: each address answers 200 here (Debian's Prometheus 3
+    and Alertmanager serve no web UI, so nothing links into one)."""
     wait_for(lambda: pages(lab, lab.run_id), 90, "the incident's first page")
     links = project_links()
     printed = runwatch("status", "--state-dir", str(lab.state), cwd=lab.cwd).stdout

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build, under the names docker-compose.yml pins, the three images that no registry can give
 # this machine, from Debian's packages of the same versions. Idempotent: an image that exists
-# is kept. Needs root, podman, debootstrap and busybox-static (compose/podman/README.md).
+# is kept. Needs root, podman, debootstrap and busybox-static (compose/podman/README.md), and
+# the binaries `make binaries` fetches (prometheus/fetch-binaries.sh, into RUNWATCH_BIN).
 #
-#   prom/prometheus:v2.42.0          FROM scratch: Debian's prometheus 2.42 binary, libc, busybox
-#   prom/alertmanager:v0.25.0        FROM scratch: Debian's alertmanager 0.25 binary, libc, busybox
+#   prom/prometheus:v3.5.3           FROM scratch: Debian sid's prometheus 3.5.3 binary, libc, busybox
+#   prom/alertmanager:v0.33.1        FROM scratch: Debian sid's alertmanager 0.33.1 binary, libc, busybox
 #   python:3.11.11-slim-bookworm     a debootstrap'd bookworm with python3 (3.11.2) and pip
 #
 # Each keeps the upstream image's ENTRYPOINT, CMD, USER, WORKDIR and data directory, so the
@@ -12,8 +13,9 @@
 # Usage: build-images.sh [--force]
 set -euo pipefail
 
-PROMETHEUS_IMAGE=prom/prometheus:v2.42.0
-ALERTMANAGER_IMAGE=prom/alertmanager:v0.25.0
+PROMETHEUS_IMAGE=prom/prometheus:v3.5.3
+ALERTMANAGER_IMAGE=prom/alertmanager:v0.33.1
+BIN=${RUNWATCH_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/runwatch/bin}
 PYTHON_IMAGE=python:3.11.11-slim-bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
@@ -27,6 +29,15 @@ BUILD=$(sha256sum "$0" | cut -c1-16)
 have() {
   [ "$force" = 0 ] && [ "$(podman image inspect --format '{{ index .Labels "runwatch.build" }}' "$1" 2>/dev/null)" = "$BUILD" ]
 }
+
+# The binaries must be of the versions the images are named after.
+for pair in "prometheus ${PROMETHEUS_IMAGE##*:v}" "alertmanager ${ALERTMANAGER_IMAGE##*:v}"; do
+  set -- $pair
+  "$BIN/$1" --version 2>&1 | grep -q "version $2[+ ]" || {
+    say "$BIN/$1 is not $1 $2 (run make binaries): cannot build its image"
+    exit 1
+  }
+done
 
 work=$(mktemp -d /var/tmp/runwatch-images.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -63,26 +74,25 @@ if have "$PROMETHEUS_IMAGE"; then
   say "$PROMETHEUS_IMAGE exists"
 else
   ctx=$work/prometheus
-  scratch_root "$ctx/rootfs" /usr/bin/prometheus prometheus
-  cp /usr/bin/promtool "$ctx/rootfs/bin/promtool"
-  mkdir -p "$ctx/rootfs/etc/prometheus" "$ctx/rootfs/usr/share/prometheus/console_libraries" \
-    "$ctx/rootfs/usr/share/prometheus/consoles"
-  cp /etc/prometheus/prometheus.yml "$ctx/rootfs/etc/prometheus/"
-  # Debian's build serves its classic web UI from these files: without them every page is a 500.
-  cp -r /usr/share/prometheus/web "$ctx/rootfs/usr/share/prometheus/"
+  scratch_root "$ctx/rootfs" "$BIN/prometheus" prometheus
+  cp "$BIN/promtool" "$ctx/rootfs/bin/promtool"
+  mkdir -p "$ctx/rootfs/etc/prometheus" "$ctx/rootfs/usr/share/prometheus"
+  printf 'global:\n  scrape_interval: 15s\n' >"$ctx/rootfs/etc/prometheus/prometheus.yml"
+  # Debian's 3.x build reads its (UI-less) web assets from here: the page that says it has no UI.
+  cp -r "$BIN/share/prometheus-web" "$ctx/rootfs/usr/share/prometheus/web"
   build_scratch "$PROMETHEUS_IMAGE" "$ctx" prometheus 9090 \
-    '["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus", "--web.console.libraries=/usr/share/prometheus/console_libraries", "--web.console.templates=/usr/share/prometheus/consoles"]'
+    '["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]'
 fi
 
 if have "$ALERTMANAGER_IMAGE"; then
   say "$ALERTMANAGER_IMAGE exists"
 else
   ctx=$work/alertmanager
-  scratch_root "$ctx/rootfs" /usr/bin/prometheus-alertmanager alertmanager
-  cp /usr/bin/amtool "$ctx/rootfs/bin/amtool"
+  scratch_root "$ctx/rootfs" "$BIN/alertmanager" alertmanager
+  cp "$BIN/amtool" "$ctx/rootfs/bin/amtool"
   # Debian's build reads its notification templates from here.
   mkdir -p "$ctx/rootfs/usr/share/prometheus" "$ctx/rootfs/etc/alertmanager"
-  cp -r /usr/share/prometheus/alertmanager "$ctx/rootfs/usr/share/prometheus/"
+  cp -r "$BIN/share/alertmanager" "$ctx/rootfs/usr/share/prometheus/"
   build_scratch "$ALERTMANAGER_IMAGE" "$ctx" alertmanager 9093 \
     '["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager"]'
 fi

@@ -90,8 +90,11 @@ function showReadouts(p) {
   const ended = p.ended ? `finished ${new Date(p.ended * 1000).toISOString().slice(11, 19)} UTC` : "running";
   const last = p.panels.loss.steps.length ? `step ${p.panels.loss.steps[p.panels.loss.steps.length - 1]}, ` : "";
   document.getElementById("run-state").textContent = `(${last}${ended}${p.drill ? ", a drill" : ""})`;
-  for (const key of Object.keys(p.links)) {
-    document.getElementById(`link-${key}`).href = p.links[key];
+  // no links where Prometheus serves no web UI (Debian's build): a dead page helps no one
+  for (const key of ["loss", "grad", "throughput"]) {
+    const link = document.getElementById(`link-${key}`);
+    link.hidden = !p.links[key];
+    if (p.links[key]) link.href = p.links[key];
   }
 }
 
