@@ -18,7 +18,7 @@ from runwatch.core.command import Command, Parser, UsageError
 
 def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Command]]]:
     # Imported here so that `runwatch --help` stays fast and one broken module names itself.
-    from runwatch import check, train
+    from runwatch import check, query, train
     from runwatch.backtest import backtest
     from runwatch.cluster import flight_recorder
     from runwatch.drill import drill
@@ -34,6 +34,7 @@ def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Comm
         ("status", "show the lab's processes and whether each is ready", lab.add_simple(lab.status)),
         ("reload", "check the YAML, then reload Prometheus and Alertmanager", lab.add_simple(lab.reload)),
         ("plate", "draw the plate for a run from Prometheus, with the dashboard's queries", plate.add_arguments),
+        ("query", "run a PromQL query against the lab's Prometheus (it has no web UI here)", query.add_arguments),
         ("drill", "start a lab whose incident (or none) is hidden: on-call practice", drill.add_drill),
         ("ack", "acknowledge a page: an Alertmanager silence for the alert and its run", drill.add_ack),
         ("diagnose", "name the drill's incident once; it is revealed and graded", drill.add_diagnose),

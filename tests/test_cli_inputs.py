@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from runwatch.drill.drill import scoreboard_line
+from runwatch.prom.tools import binary
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.run import Trainer
 from tests.conftest import runwatch
@@ -88,13 +88,18 @@ def test_resume_of_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_pa
 
 
 def test_a_failing_tool_in_the_backtest_is_one_line(tmp_path):
-    """A Prometheus that dies at start (here a stand-in on PATH) ends the backtest in one line."""
+    """A Prometheus that dies at start (here a stand-in where the lab looks first, beside the
+    real promtool) ends the backtest in one line."""
     fake = tmp_path / "bin" / "prometheus"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\necho 'err=\"opening storage failed\"' >&2\nexit 3\n")
+    fake.write_text(
+        "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'prometheus, version 3.5.3 (a stand-in)'; exit 0; }\n"
+        "echo 'err=\"opening storage failed\"' >&2\nexit 3\n"
+    )
     fake.chmod(0o755)
-    env_path = f"{fake.parent}:{os.environ['PATH']}"
-    res = runwatch("backtest", "--seeds", "0", "--incidents", "none", cwd=tmp_path, timeout=120, env={"PATH": env_path})
+    (fake.parent / "promtool").symlink_to(binary("promtool"))
+    env = {"RUNWATCH_BIN": str(fake.parent)}
+    res = runwatch("backtest", "--seeds", "0", "--incidents", "none", cwd=tmp_path, timeout=120, env=env)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     last = res.stderr.strip().splitlines()[-1]  # after the progress lines
     assert last == 'runwatch backtest: prometheus did not become ready: err="opening storage failed"'

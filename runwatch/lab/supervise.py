@@ -200,7 +200,7 @@ class Lab:
         argv = [binary("prometheus"), f"--config.file={self.prometheus_dir / 'prometheus.yml'}"]
         argv += [f"--storage.tsdb.path={self.state / 'prometheus-data'}"]
         argv += [f"--web.listen-address=127.0.0.1:{PORTS['prometheus']}", *PROMETHEUS_FLAGS]
-        return self._serving("prometheus", argv, PORTS["prometheus"])
+        return self._serving("prometheus", argv, PORTS["prometheus"], "/api/v1/targets")  # no web UI: its API
 
     def start(self, comp: Component) -> int:
         self.logs.mkdir(parents=True, exist_ok=True)
