@@ -6,7 +6,17 @@ RUN useradd --create-home --uid 10001 runwatch \
     && chown -R runwatch:runwatch /data
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+# The dependencies first (and the build backend), read from pyproject.toml alone, in a layer of
+# their own: an edit of the code or the configuration rebuilds only the layers below, not numpy,
+# matplotlib and MPICH.
+# With the cluster extra: MPICH's mpiexec and mpi4py, for RUNWATCH_RANKS > 1 (ldconfig: the mpich
+# wheel puts libmpi in the prefix's lib/, which the loader's cache must list where Python's prefix
+# is /usr and pip's is /usr/local, as in Debian's python3).
+COPY pyproject.toml ./
+RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); p = d['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['cluster'] + d['build-system']['requires']))" > /tmp/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt && rm /tmp/requirements.txt && ldconfig
+COPY README.md ./
 COPY trainer ./trainer
 COPY exporter ./exporter
 COPY oncall ./oncall
@@ -17,10 +27,8 @@ COPY prometheus ./prometheus
 COPY alertmanager ./alertmanager
 COPY runbooks ./runbooks
 COPY grafana ./grafana
-# with the cluster extra: MPICH's mpiexec and mpi4py, for RUNWATCH_RANKS > 1
-# (ldconfig: the mpich wheel puts libmpi in the prefix's lib/, which the loader's cache must list
-# where Python's prefix is /usr and pip's is /usr/local, as in Debian's python3)
-RUN pip install --no-cache-dir ".[cluster]" && ldconfig
+# runwatch itself, its dependencies and its build backend (setuptools) already in place
+RUN pip install --no-cache-dir --no-deps --no-build-isolation . && rm -rf build
 
 # Log lines reach `docker compose logs` as they are written, not when a buffer fills.
 ENV PYTHONUNBUFFERED=1
