@@ -69,3 +69,22 @@ def test_what_cannot_be_inlined_exactly_stays_recorded():
     assert inliner.inlinable(['{__name__="r:loss:avg5s"} > 2']) == set()
     cycle = Inliner({"r:a": "r:b + 1", "r:b": "r:a - 1", "r:c": "x"}, lookback="3s", since=0.0)
     assert cycle.inlinable(["r:a > 0", "r:c > 0"]) == {"r:c"}
+
+
+def test_a_reader_that_sees_a_recording_late_reads_it_a_second_further_back():
+    """`lag` (the live lab's order of rule groups after a scrape) moves each form's offset by 1 s."""
+    inliner = Inliner({"r:x:avg5s": "avg_over_time(x[5s])"}, "3s", 0.0, lag=lambda reader, name: reader == "late")
+    body = "(avg_over_time(x[5s]))"
+    assert inliner.inline("r:x:avg5s > 3", reader="late") == f"last_over_time({body}[3s:1s] offset 1000ms) > 3"
+    assert inliner.inline("r:x:avg5s offset 5s", reader="late") == f"last_over_time({body}[3s:1s] offset 6000ms)"
+    assert inliner.inline("r:x:avg5s[20s] offset 1m", reader="late") == f"{body}[20s:1s] offset 61000ms"
+    assert inliner.inline("r:x:avg5s offset -2s", reader="late") == f"last_over_time({body}[3s:1s] offset -1000ms)"
+    assert inliner.inline("r:x:avg5s > 3", reader="fresh") == f"last_over_time({body}[3s:1s]) > 3"
+
+
+def test_a_recording_read_late_inside_a_recording_is_read_late_where_it_is_inlined():
+    """The lag of a recording read by another recording is that reader's, wherever it is inlined."""
+    rules = {"r:a": "x", "r:b": "r:a * 2"}
+    inliner = Inliner(rules, "3s", 0.0, lag=lambda reader, name: int(reader == "r:b" and name == "r:a"))
+    inner = "last_over_time((x)[3s:1s] offset 1000ms)"
+    assert inliner.inline("r:b", reader="alert") == f"last_over_time(({inner} * 2)[3s:1s])"
