@@ -35,6 +35,10 @@ LOG_EVERY = 10
 # Half an interval keeps the 2% jitter of a step's end (and the ms a scrape takes) far from the
 # scrape that reads it: a step is read by the same scrape in the live lab and in the backtest.
 SCRAPE_PHASE = 0.5
+# Scrapes the trainer times before its first live step: each reaches it some ms after its
+# timestamp (82 ms for the first scrape of a starting Prometheus on a busy machine), so the
+# least late of a few says where the scrapes fall.
+PHASE_SCRAPES = 3
 
 
 def log_line(rec: StepRecord, tokens_per_second: float) -> str:
@@ -167,14 +171,19 @@ def _set_clock(
 def _wait_for_scrape(
     scraped: threading.Event | None, stop: threading.Event, log: Callable[[str], None], clock: Callable[[], float]
 ) -> float | None:
-    """Hold the first live step until Prometheus scrapes: steps it never scrapes would be missing
-    from every baseline. Returns when (on `clock`) that scrape came, None without `scraped`.
-    A scrape during the fast-forward does not count: the lab clock is set against a fresh one."""
+    """Hold the first live step until Prometheus has scraped PHASE_SCRAPES times: steps it never
+    scrapes would be missing from every baseline. Returns when (on `clock`) the last of them was
+    due, by the least late of them (scrapes come 1 s apart); None without `scraped`. Scrapes
+    during the fast-forward do not count: the lab clock is set against fresh ones."""
     if scraped is None:
         return None
     if not scraped.is_set():
         log("waiting for Prometheus's first scrape before the first live step")
-    scraped.clear()
-    while not scraped.wait(0.01) and not stop.is_set():
-        pass
-    return clock()
+    arrivals: list[float] = []
+    while len(arrivals) < PHASE_SCRAPES and not stop.is_set():
+        scraped.clear()
+        while not scraped.wait(0.01) and not stop.is_set():
+            pass
+        arrivals.append(clock())
+    last = arrivals[-1] if arrivals else clock()
+    return last + min((((a - last + 0.5) % 1.0) - 0.5 for a in arrivals), default=0.0)
