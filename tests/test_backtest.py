@@ -310,20 +310,65 @@ def test_every_recording_inlined_or_every_one_backfilled_gives_the_same_readouts
     assert sum(v is not None for r in inlined.runs for v in r["first_fire"].values()) >= 10
 
 
-def test_promtool_backfills_on_the_whole_seconds_subqueries_evaluate_on(tmp_path):
-    """RECORD_GROUP's name and file give its evaluations a phase of 0 ms: what promtool records
-    is at whole seconds, where an inlined subquery evaluates."""
-    promtool, prometheus = need("promtool"), need("prometheus")
+def test_a_backfilled_recording_lands_on_the_whole_seconds_subqueries_evaluate_on(tmp_path):
+    """What the fallback backfills is at whole seconds, where an inlined subquery evaluates, on any
+    Prometheus: no group's hashed phase is involved (promtool's `create-blocks-from rules` has one)."""
+    prometheus = need("prometheus")
     families = {"runwatch_train_step", "up"}
     meta, _ = bt._train_and_load([5], ("none",), tmp_path, families, prometheus, 1, "fp64", lambda *a, **k: None)
     prom = bt._throwaway(prometheus, tmp_path, meta)
-    bt._backfill(prom, [[{"record": "backtest:step:count", "expr": "count(runwatch_train_step)"}]], promtool,
-                 lambda *a, **k: None)  # fmt: skip
+    rule = {"record": "backtest:step:count", "expr": "count(runwatch_train_step)", "labels": {"why": "test"}}
+    bt._backfill(prom, [[rule]], lambda *a, **k: None)
     with prom.running():
         found = instant(prom.base, "timestamp(backtest:step:count)", prom.start + 100.5)
         stamps = query_range(prom.base, "timestamp(backtest:step:count)", prom.start, prom.end, 7.0)
+        value = instant(prom.base, 'backtest:step:count{why="test"}', prom.start + 100.5)
     assert float(found[0]["value"][1]) == prom.start + 100
     assert {float(v) % 1 for s in stamps for _, v in s["values"]} == {0.0}
+    assert float(value[0]["value"][1]) == 1
+
+
+def test_the_grid_is_the_live_lab_s_scrapes_on_the_lab_clock():
+    """A whole second of the grid falls SCRAPE_PHASE into a lab second of every run, as the live
+    trainer sets its clock against Prometheus's scrapes (trainer.live), not at a hashed phase."""
+    from runwatch.trainer.config import TrainConfig
+    from runwatch.trainer.live import SCRAPE_PHASE
+    from runwatch.trainer.offline import OfflineRun, simulate
+
+    run = simulate(TrainConfig(seed=1))
+    shifted = OfflineRun(run.cfg, run.records, shift_ms=bt.GRID_PHASE_MS)
+    lab = [r.lab_time for r in run.records]
+    for stamp, t in zip(shifted.stamps_ms(), lab, strict=True):
+        assert (stamp / 1000 - run.start) % 1 == pytest.approx((t - SCRAPE_PHASE) % 1, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    "after_scrape, training_reads_baselines",
+    [({"runwatch-baselines": 0.2, "runwatch-training": 0.7}, 0),  # baselines first after the scrape: fresh
+     ({"runwatch-baselines": 0.7, "runwatch-training": 0.2}, 1)],  # the alerts first: a scrape late
+)  # fmt: skip
+def test_a_group_reads_another_s_recording_late_when_that_one_evaluates_after_it(
+    after_scrape, training_reads_baselines
+):
+    schedule = bt.Schedule(after_scrape)
+    assert schedule.lag(("runwatch-training", 0), ("runwatch-baselines", 4)) == training_reads_baselines
+    assert schedule.lag(("runwatch-cluster", 3), ("runwatch-cluster", 0)) == 0  # earlier in its own group
+    assert schedule.lag(("runwatch-cluster", 0), ("runwatch-cluster", 3)) == 1  # later: the last evaluation's
+    with pytest.raises(UsageError, match="no rule group 'runwatch-gone'"):
+        schedule.lag(("runwatch-gone", 0), ("runwatch-baselines", 0))
+
+
+def test_a_lab_s_order_moves_only_the_alerts_that_read_recordings_alone():
+    """In a lab whose alerts evaluate after the scrape and before the baselines, an alert whose
+    condition is recordings only (TrainingLossJump) reads them a scrape late: one step later."""
+    seeds, rules = [3], REPO / "prometheus" / "rules"
+    late = bt.Schedule({"runwatch-baselines": 0.9, "runwatch-training": 0.3, "runwatch-targets": 0.5,
+                        "runwatch-cluster": 0.1})  # fmt: skip
+    fresh = bt.backtest(seeds, rules, ("corrupt_shard",), progress=lambda *a, **k: None)
+    lagged = bt.backtest(seeds, rules, ("corrupt_shard",), progress=lambda *a, **k: None, schedule=late)
+    assert fresh.runs[0]["first_fire"]["TrainingLossJump"] == 300
+    assert lagged.runs[0]["first_fire"]["TrainingLossJump"] == 301
+    assert lagged.runs[0]["first_fire"]["GradientNormJump"] == fresh.runs[0]["first_fire"]["GradientNormJump"] == 300
 
 
 def test_a_backtest_over_four_ranks_names_the_straggler(tmp_path):

@@ -98,3 +98,22 @@ def test_a_rule_picked_by_the_labels_it_sets_is_inlined_with_them():
 def test_a_labelled_rule_that_no_reference_picks_exactly_stays_recorded(selector):
     inliner = Inliner(RULES, lookback="3s", since=100.0, labelled=LABELLED)
     assert inliner.inlinable([f"r:loss:avg5s > scalar({selector})"]) == set(RULES)
+
+
+def test_a_reader_that_sees_a_recording_late_reads_it_a_second_further_back():
+    """`lag` (the live lab's order of rule groups after a scrape) moves each form's offset by 1 s."""
+    inliner = Inliner({"r:x:avg5s": "avg_over_time(x[5s])"}, "3s", 0.0, lag=lambda reader, name: reader == "late")
+    body = "(avg_over_time(x[5s]))"
+    assert inliner.inline("r:x:avg5s > 3", reader="late") == f"last_over_time({body}[3s:1s] offset 1000ms) > 3"
+    assert inliner.inline("r:x:avg5s offset 5s", reader="late") == f"last_over_time({body}[3s:1s] offset 6000ms)"
+    assert inliner.inline("r:x:avg5s[20s] offset 1m", reader="late") == f"{body}[20s:1s] offset 61000ms"
+    assert inliner.inline("r:x:avg5s offset -2s", reader="late") == f"last_over_time({body}[3s:1s] offset -1000ms)"
+    assert inliner.inline("r:x:avg5s > 3", reader="fresh") == f"last_over_time({body}[3s:1s]) > 3"
+
+
+def test_a_recording_read_late_inside_a_recording_is_read_late_where_it_is_inlined():
+    """The lag of a recording read by another recording is that reader's, wherever it is inlined."""
+    rules = {"r:a": "x", "r:b": "r:a * 2"}
+    inliner = Inliner(rules, "3s", 0.0, lag=lambda reader, name: int(reader == "r:b" and name == "r:a"))
+    inner = "last_over_time((x)[3s:1s] offset 1000ms)"
+    assert inliner.inline("r:b", reader="alert") == f"last_over_time(({inner} * 2)[3s:1s])"

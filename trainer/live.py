@@ -1,8 +1,15 @@
 """The live run: paced by the lab clock, published through the exporter, logged every 10 steps.
 
 Each step sleeps until its simulated device time has passed (1 s nominal, jittered, 1/0.7 s on
-a slow node), then publishes tokens per second measured from the wall clock around it.
+a slow node), then publishes tokens per second measured from the wall clock around it. The
+steps keep the lab clock by deadlines: step s ends at the live start plus its lab time, so the
+bookkeeping between steps (run.json's fsync, ~15 ms here) does not add up into a drift.
 `fast_forward` trains a prefix unpaced and unpublished first, for drills and tests.
+
+Held for Prometheus (`scraped`), the lab clock is set against the scrape grid: every whole lab
+second falls SCRAPE_PHASE of a scrape interval after a scrape, so each step ends about half a
+second before the scrape that reads it, whatever the fast-forward. `runwatch backtest` stamps
+its runs on the same clock and evaluates at the same scrapes (runwatch.backtest).
 
 Not for backtests: `trainer.offline` runs at full speed.
 """
@@ -23,6 +30,15 @@ from runwatch.trainer.record import StepRecord
 from runwatch.trainer.run import Trainer
 
 LOG_EVERY = 10
+# Where Prometheus's scrapes fall on the lab clock, as a fraction of the 1 s scrape interval
+# (prometheus.yml): a scrape at lab time k + SCRAPE_PHASE reads the steps that ended by then.
+# Half an interval keeps the 2% jitter of a step's end (and the ms a scrape takes) far from the
+# scrape that reads it: a step is read by the same scrape in the live lab and in the backtest.
+SCRAPE_PHASE = 0.5
+# Scrapes the trainer times before its first live step: each reaches it some ms after its
+# timestamp (82 ms for the first scrape of a starting Prometheus on a busy machine), so the
+# least late of a few says where the scrapes fall.
+PHASE_SCRAPES = 3
 
 
 def log_line(rec: StepRecord, tokens_per_second: float) -> str:
@@ -99,16 +115,17 @@ def run_live(
             _checkpoint(trainer, last.step, checkpoints, metrics)
         if last is not None:
             log(f"fast-forwarded to step {trainer.next_step} (no Prometheus history before it)")
-        _wait_for_scrape(scraped, stop, log)
+        start, lab0 = _set_clock(trainer, scraped, stop, log, clock, sleep), trainer.lab_time
         # --- live: one step per lab second, published as it completes ---
-        record.save(live_since=time.time(), live_lab_time=trainer.lab_time)
+        record.save(live_since=time.time() + start - clock(), live_lab_time=lab0)
+        t0 = start
         while not trainer.done and not stop.is_set() and not trainer.halted:
-            t0 = clock()
             rec = trainer.step()
-            remaining = rec.duration_seconds - (clock() - t0)
+            remaining = start + (rec.lab_time - lab0) - clock()  # its deadline on the lab clock
             if remaining > 0:
                 sleep(remaining)
-            tps = rec.tokens / (wall := clock() - t0)
+            tps = rec.tokens / (wall := max(clock() - t0, 1e-6))
+            t0 += wall
             metrics.observe(rec, tps, wall_seconds=wall)
             last = rec
             _checkpoint(trainer, rec.step, checkpoints, metrics)
@@ -132,10 +149,41 @@ def _checkpoint(trainer: Trainer, step: int, checkpoints: Path | None, metrics: 
         metrics.checkpoint(step)
 
 
-def _wait_for_scrape(scraped: threading.Event | None, stop: threading.Event, log: Callable[[str], None]) -> None:
-    """Hold the first live step until Prometheus has scraped once: steps it never scrapes would be
-    missing from every baseline."""
-    if scraped is not None and not scraped.is_set():
+def _set_clock(
+    trainer: Trainer,
+    scraped: threading.Event | None,
+    stop: threading.Event,
+    log: Callable[[str], None],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> float:
+    """When (on `clock`) the lab clock reads trainer.lab_time: with `scraped`, after Prometheus's
+    next scrape, where that scrape falls SCRAPE_PHASE into a lab second; else now."""
+    scrape = _wait_for_scrape(scraped, stop, log, clock)
+    if scrape is None:
+        return clock()
+    start = scrape + (trainer.lab_time - SCRAPE_PHASE) % 1.0
+    if start > clock():
+        sleep(start - clock())
+    return start
+
+
+def _wait_for_scrape(
+    scraped: threading.Event | None, stop: threading.Event, log: Callable[[str], None], clock: Callable[[], float]
+) -> float | None:
+    """Hold the first live step until Prometheus has scraped PHASE_SCRAPES times: steps it never
+    scrapes would be missing from every baseline. Returns when (on `clock`) the last of them was
+    due, by the least late of them (scrapes come 1 s apart); None without `scraped`. Scrapes
+    during the fast-forward do not count: the lab clock is set against fresh ones."""
+    if scraped is None:
+        return None
+    if not scraped.is_set():
         log("waiting for Prometheus's first scrape before the first live step")
-        while not scraped.wait(0.1) and not stop.is_set():
+    arrivals: list[float] = []
+    while len(arrivals) < PHASE_SCRAPES and not stop.is_set():
+        scraped.clear()
+        while not scraped.wait(0.01) and not stop.is_set():
             pass
+        arrivals.append(clock())
+    last = arrivals[-1] if arrivals else clock()
+    return last + min((((a - last + 0.5) % 1.0) - 0.5 for a in arrivals), default=0.0)

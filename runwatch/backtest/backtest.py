@@ -10,12 +10,20 @@
    edited rules, starts here.
 3. Starts a throwaway Prometheus over it (loopback, free port, retention 100y). Recording rules
    are evaluated where the alerts read them, as subqueries on a 1 s grid (runwatch.inline); a
-   recording rule read in a form that cannot be inlined exactly is backfilled first, with
-   `promtool tsdb create-blocks-from rules` on the same grid.
+   recording rule read in a form that cannot be inlined exactly is backfilled first: evaluated
+   on the same grid and loaded as a block, as the runs are.
 4. Reads each alert on that grid. `for: D` is honoured in PromQL: an alert fires at T when its
    condition held at every evaluation in [T-D, T],
    `count_over_time((condition)[D + 0.5s:1s]) >= D/1s + 1`.
 5. Reads each run's step at the first firing evaluation, and compares with the plate.
+
+The grid is the live lab's scrapes. The live trainer sets its lab clock so that a scrape falls
+SCRAPE_PHASE (half a second) after every whole lab second (trainer.live); a live rule group
+evaluates some fixed fraction of a second later, reading that scrape. So every grid point is a
+scrape, and each rule reads the steps that ended by it. What the groups' phases change is only
+their order after a scrape: a group that reads a recording of a group evaluated *before* the
+scrape sees it one scrape late (Schedule). By default every recording is read fresh, as
+promtool's tests read them; `--lab URL` reads a running lab's order from its Prometheus.
 
 Python only starts, feeds, queries and reports; Prometheus evaluates every expression.
 """
@@ -46,13 +54,14 @@ from runwatch.backtest.inline import Inliner, references
 from runwatch.backtest.remote_write import push, write_request
 from runwatch.core.command import Command, UsageError, check_writable, config_error, number
 from runwatch.core.files import write_atomic
-from runwatch.core.names import CLUSTER_ALERTS, META_GROUP
+from runwatch.core.names import CLUSTER_ALERTS, META_GROUP, PORTS
 from runwatch.core.paths import Layout
 from runwatch.exporter.metrics import STEP
 from runwatch.prom.server import Process, free_port, query_range
 from runwatch.prom.tools import binary, run_tool
 from runwatch.trainer.batch import train_columns
 from runwatch.trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
+from runwatch.trainer.live import SCRAPE_PHASE
 from runwatch.trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, series
 from runwatch.trainer.run import struck_rank
 
@@ -65,14 +74,10 @@ LIVE_ALERTS = re.compile(r"\bALERTS(_FOR_STATE)?\b")
 # The throwaway's lookback: backfilled data carries no staleness markers; a 3 s lookback lets a
 # run's series vanish when it ends, as staleness makes them vanish in the live lab.
 LOOKBACK = "3s"
-# Rules are evaluated on whole seconds (subqueries align to them). The runs are stamped this many
-# ms earlier than the lab clock, so that every evaluation falls where it always has against each
-# run: 0.615 s into a lab second, the phase Prometheus derived from the backtest's earlier rule
-# group ("backfill" in backfill.yml). Same evaluation times, same readouts.
-GRID_PHASE_MS = 615
-# A group whose name and file give it a phase of 0 ms (0.087 ms; the API rounds to 1 ms), so that
-# what promtool backfills lands on the same whole seconds (tests/test_backtest.py checks it).
-RECORD_GROUP, RECORD_FILE = "backfill-249", "backfill.yml"
+# Rules are evaluated on whole seconds (subqueries align to them), each one a scrape of the live
+# lab. The runs are stamped this many ms earlier than the lab clock, so that a whole second falls
+# where the live lab's scrapes fall on its clock: SCRAPE_PHASE into each lab second (trainer.live).
+GRID_PHASE_MS = round(SCRAPE_PHASE * 1000)
 # Runs in one remote-write request: about 2 MB of one rank's runs, 20 MB of eight ranks'.
 PUSH_RUNS = 25
 # Alert queries in flight at once; Prometheus's own limit (--query.max-concurrency) is 20.
@@ -126,10 +131,73 @@ def duration_seconds(text: str) -> float:
 
 @dataclass
 class Rules:
-    """The rules of a directory, split as the backtest needs them."""
+    """The rules of a directory, split as the backtest needs them, and where each one is."""
 
     recording: list[dict] = field(default_factory=list)  # {"record", "expr", ...}
     alerting: list[dict] = field(default_factory=list)  # {"alert", "expr", "for", ...}
+    recorded_at: dict[str, tuple[str, int]] = field(default_factory=dict)  # record -> (group, position)
+    alert_at: list[tuple[str, int]] = field(default_factory=list)  # alerting[i]'s (group, position)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When each rule group evaluates after the scrape it reads, in seconds (0 to 1): the order a
+    live Prometheus gives them (each group's phase comes from a hash of its name and file, each
+    target's from a hash of its labels, so it differs from lab to lab and between versions).
+
+    A rule reads a recording of another group one scrape late when that group evaluates later
+    after the scrape (it last evaluated before it); of its own group, when the recording comes
+    later in the group. Not for labs of several scrape phases at once (the ranks of a cluster).
+
+        >>> Schedule({"runwatch-baselines": 0.9, "runwatch-training": 0.7}).lag(
+        ...     ("runwatch-training", 0), ("runwatch-baselines", 3))
+        1
+    """
+
+    after_scrape: dict[str, float]  # group -> seconds from the scrape (its sample in the TSDB) to its evaluation
+    # groups that evaluate while the scrape is in flight: each evaluation may or may not see it
+    racing: frozenset[str] = frozenset()
+
+    def lag(self, reader: tuple[str, int], recorded: tuple[str, int]) -> int:
+        (group, pos), (rgroup, rpos) = reader, recorded
+        if group == rgroup:
+            return int(rpos > pos)
+        missing = [g for g in (group, rgroup) if g not in self.after_scrape]
+        if missing:
+            raise UsageError(f"--lab: the lab's Prometheus has no rule group {missing[0]!r}: reload it with the rules")
+        return int(self.after_scrape[rgroup] > self.after_scrape[group])
+
+    @classmethod
+    def of_lab(cls, base: str, port: int) -> Schedule:
+        """A running lab's: its groups' last evaluations (/api/v1/rules) against the last scrape of
+        its target on `port` (/api/v1/targets), which is seen once the scrape has ended."""
+        try:
+            groups = requests.get(f"{base}/api/v1/rules", timeout=10).json()["data"]["groups"]
+            targets = requests.get(f"{base}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+        except (requests.RequestException, ValueError, KeyError) as err:
+            raise UsageError(f"--lab: cannot read the rules and targets of {base}: {err}") from None
+        scrape = [t for t in targets if t["scrapeUrl"].split("/")[2].endswith(f":{port}") and t["health"] == "up"]
+        if not scrape:
+            raise UsageError(f"--lab: {base} scrapes no target on port {port}: start the lab first")
+        if any(g["lastEvaluation"].startswith("0001-") for g in groups):  # Go's zero time: not evaluated yet
+            raise UsageError(f"--lab: {base} has not evaluated every rule group yet: try again in a second")
+        started = _phase(scrape[0]["lastScrape"])
+        seen = started + float(scrape[0]["lastScrapeDuration"])
+        after = {g["name"]: (_phase(g["lastEvaluation"]) - seen) % 1.0 for g in groups}
+        # from the scrape's start to RACE_S past its end, an evaluation may run before or after
+        # the scrape's samples are appended (the scrape took lastScrapeDuration once, not always)
+        window = seen - started + RACE_S
+        racing = {g for g in after if (after[g] + seen - started) % 1.0 < window}
+        return cls(after, frozenset(racing))
+
+
+RACE_S = 0.02  # how much longer than its last one a scrape may take (10 ms here with four labs on 2 cores)
+
+
+def _phase(stamp: str) -> float:
+    """The fraction of a second of an RFC 3339 time as Prometheus's API writes it (ns digits)."""
+    frac = re.search(r"\.(\d+)", stamp)
+    return float(f"0.{frac[1]}") if frac else 0.0
 
 
 def load_rules(rules_dir: Path, promtool: str) -> Rules:
@@ -144,10 +212,15 @@ def load_rules(rules_dir: Path, promtool: str) -> Rules:
         for group in (yaml.safe_load(f.read_text()) or {}).get("groups", []):
             if group.get("name") == META_GROUP:
                 continue
-            for rule in group.get("rules", []):
+            for pos, rule in enumerate(group.get("rules", [])):
                 if "record" in rule and LIVE_ALERTS.search(rule["expr"]):
                     continue  # bookkeeping of a live Prometheus's alerts; step 5 reads first fires itself
-                (rules.recording if "record" in rule else rules.alerting).append(rule)
+                if "record" in rule:
+                    rules.recording.append(rule)
+                    rules.recorded_at[rule["record"]] = (group["name"], pos)
+                else:
+                    rules.alerting.append(rule)
+                    rules.alert_at.append((group["name"], pos))
     return rules
 
 
@@ -296,9 +369,11 @@ class Kept:
         self.cache.keep(self.key, {**self.grid, "query": query}, found)
 
 
-def plan(rules: Rules, since: float, inline: bool = True) -> Plan:
+def plan(rules: Rules, since: float, inline: bool = True, schedule: Schedule | None = None) -> Plan:
     """Inline every recording rule that can be inlined exactly (all of them, with `inline`);
-    backfill the others, with what they read inlined, on the grid from `since`."""
+    backfill the others, with what they read inlined, on the grid from `since`. With `schedule`,
+    an inlined recording is read as late as that schedule has its reader read it; a backfilled
+    one is read fresh."""
     labelled = {r["record"] for r in rules.recording if r.get("labels")}
     defs = {r["record"]: r["expr"] for r in rules.recording if r["record"] not in labelled}
     # a name several rules record, told apart by their `labels:` (alerts.yml's thresholds)
@@ -307,7 +382,14 @@ def plan(rules: Rules, since: float, inline: bool = True) -> Plan:
         if r["record"] in labelled:
             variants.setdefault(r["record"], []).append(({k: str(v) for k, v in (r.get("labels") or {}).items()},
                                                          r["expr"]))  # fmt: skip
-    inliner = Inliner(defs, LOOKBACK, since, variants)
+
+    def lag(reader: object, name: str) -> int:
+        where = rules.alert_at[reader] if isinstance(reader, int) else rules.recorded_at[reader]
+        if schedule is None:  # fresh: only a recording later in the reader's own group is a scrape late
+            return int(where[0] == rules.recorded_at[name][0] and rules.recorded_at[name][1] > where[1])
+        return schedule.lag(where, rules.recorded_at[name])
+
+    inliner = Inliner(defs, LOOKBACK, since, variants, lag)
     conditions = [r["expr"] for r in rules.alerting]
     inlined = inliner.inlinable(conditions, labelled) if inline else set()
     # the recordings an alert reads, directly or through another recording
@@ -319,11 +401,13 @@ def plan(rules: Rules, since: float, inline: bool = True) -> Plan:
             needed.add(name)
             todo += [n.name for e in reads[name] for n in references(e) if n.name in reads]
     recorded = [
-        {**r, "expr": inliner.inline(r["expr"], inlined)} for r in rules.recording if r["record"] in needed - inlined
+        {**r, "expr": inliner.inline(r["expr"], inlined, reader=r["record"])}
+        for r in rules.recording
+        if r["record"] in needed - inlined
     ]
     return Plan(
         passes=recording_levels(recorded) if recorded else [],
-        conditions=[inliner.guarded(inliner.inline(c, inlined)) for c in conditions],
+        conditions=[inliner.guarded(inliner.inline(c, inlined, reader=i)) for i, c in enumerate(conditions)],
     )
 
 
@@ -433,21 +517,31 @@ def _throwaway(prometheus: str, tmpdir: Path, meta: list[dict]) -> Throwaway:
     return _server(prometheus, tmpdir, "prometheus", "data", DEFAULT_START, end, f"--query.lookback-delta={LOOKBACK}")
 
 
-def _backfill(prom: Throwaway, passes: list[list[dict]], promtool: str, progress: Progress) -> None:
-    """Step 3's fallback: the recordings that are not inlined, pass by pass on the grid."""
-    pass_file = prom.tmpdir / RECORD_FILE  # relative, as its name is part of the group's phase
+def _backfill(prom: Throwaway, passes: list[list[dict]], progress: Progress) -> None:
+    """Step 3's fallback: the recordings that are not inlined, pass by pass on the grid. Each
+    rule's expression is evaluated on the grid's whole seconds, where the inlined subqueries
+    evaluate, and loaded as a block beside the runs, the way the runs are loaded. (promtool's
+    `create-blocks-from rules` would evaluate at its group's phase, a hash of the group's name
+    and file that changes between Prometheus versions.)"""
     for i, level in enumerate(passes, 1):
-        pass_file.write_text(yaml.safe_dump({"groups": [{"name": RECORD_GROUP, "rules": level}]}))
+        progress(f"backfilling {len(level)} rules (pass {i}/{len(passes)})")
         with prom.running():
-            progress(f"backfilling {len(level)} rules (pass {i}/{len(passes)})")
-            proc = run_tool(
-                [promtool, "tsdb", "create-blocks-from", "rules", f"--start={int(prom.start)}",
-                 f"--end={int(prom.end)}", f"--url={prom.base}", "--eval-interval=1s", f"--output-dir={prom.data}",
-                 RECORD_FILE],
-                BACKFILL_TIMEOUT_S, cwd=prom.tmpdir,
-            )  # fmt: skip
-            if proc.returncode != 0:
-                raise RuntimeError(f"promtool create-blocks-from rules failed: {proc.stderr.strip()[-500:]}")
+            found = [(rule, query_range(prom.base, rule["expr"], prom.start, prom.end)) for rule in level]
+        body, _ = write_request(
+            (rule["record"], sorted({**_labels(s["metric"]), **rule.get("labels", {})}.items()),
+             [float(v) for _, v in s["values"]], [round(float(t) * 1000) for t, _ in s["values"]])
+            for rule, result in found for s in result
+        )  # fmt: skip
+        flags = ("--web.enable-remote-write-receiver", "--web.enable-admin-api")
+        loader = _server(prom.argv[0], prom.tmpdir, f"record{i}", f"record{i}", prom.start, prom.start, *flags)
+        with loader.running():
+            push(loader.base, body)
+            _snapshot(loader, Path(prom.data))
+
+
+def _labels(metric: dict) -> dict[str, str]:
+    """A result's labels, as a recording rule keeps them (without the metric name)."""
+    return {k: v for k, v in metric.items() if k != "__name__"}
 
 
 def _read_alerts(
@@ -514,10 +608,12 @@ def backtest(
     cache: DataCache | None = None,
     inline: bool = True,
     ranks: int = 1,
+    schedule: Schedule | None = None,
 ) -> Result:
     """The backtest; `cache` keeps the loaded runs between calls (None: train afresh),
-    `inline=False` backfills every recording rule first, as the backtest used to, and `ranks`
-    trains every run data-parallel over that many ranks, with their series."""
+    `inline=False` backfills every recording rule first, as the backtest used to, `ranks`
+    trains every run data-parallel over that many ranks, with their series, and `schedule`
+    evaluates the groups in a live lab's order (Schedule.of_lab; None: every recording fresh)."""
     progress = progress or Progress()
     promtool, prometheus = binary("promtool"), binary("prometheus")
     rules = load_rules(rules_dir, promtool)
@@ -532,9 +628,9 @@ def backtest(
         )
         timings["train_and_load"] = time.perf_counter() - t0
         prom = _throwaway(prometheus, Path(tmp), meta)
-        how = plan(rules, prom.start, inline)
+        how = plan(rules, prom.start, inline, schedule)
         t0 = time.perf_counter()
-        _backfill(prom, how.passes, promtool, progress)
+        _backfill(prom, how.passes, progress)
         timings["backfill_rules"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         alerts = list(dict.fromkeys(r["alert"] for r in rules.alerting))
@@ -753,6 +849,11 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     )
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="train the runs in this precision")
     p.add_argument(
+        "--lab", metavar="URL", default=None,
+        help="evaluate the rule groups in the order this lab's Prometheus evaluates them after its trainer's scrape "
+        "(e.g. http://127.0.0.1:9090; default: every recording read fresh)",
+    )  # fmt: skip
+    p.add_argument(
         "--no-cache", action="store_true", help="train and load the runs afresh, and keep nothing in the cache"
     )
     p.add_argument(
@@ -784,10 +885,18 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM as well as Ctrl-C unwinds through the finally blocks that stop Prometheus.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     t0 = time.perf_counter()
+    schedule = None if args.lab is None else Schedule.of_lab(args.lab.rstrip("/"), PORTS["trainer"])
+    if schedule is not None:
+        order = ", ".join(f"{g} {t:.3f} s" for g, t in sorted(schedule.after_scrape.items(), key=lambda i: i[1]))
+        print(f"backtest: the lab's groups evaluate after its trainer's scrape: {order}", file=sys.stderr)
+        for group in sorted(schedule.racing):
+            print(f"backtest: {group} evaluates while the trainer's scrape is in flight: in the lab its readouts "
+                  "may be a step later than here", file=sys.stderr)  # fmt: skip
     cache = None if args.no_cache else DataCache(default_root(), args.cache_max_mb << 20)
     result = backtest(
-        seeds, rules_dir, incidents, args.workers, precision=args.precision, cache=cache, ranks=args.ranks
-    )
+        seeds, rules_dir, incidents, args.workers, precision=args.precision, cache=cache, ranks=args.ranks,
+        schedule=schedule,
+    )  # fmt: skip
     wall = time.perf_counter() - t0
     summary = summarise(result)
     summary["seconds"]["total"] = round(wall, 1)

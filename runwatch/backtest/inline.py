@@ -10,15 +10,17 @@ of its time went there. On a 1 s grid a recorded series is exactly a subquery of
     R[30s] offset 5s  ->  (E)[30s:1s] offset 5s
 
 where E is R's expression, itself inlined, and guarded to evaluate only from the grid's first
-point on (a backfill records nothing before its start). Prometheus evaluates every subquery on
-whole seconds, which is why the backtest's grid is on whole seconds. A name recorded by rules
-with `labels:` (alerts.yml's thresholds, one rule per alert) is inlined where a reference picks
-exactly one of those rules by equality matchers on the labels it sets:
+point on (a backfill records nothing before its start). A reader that sees R one evaluation
+late (its group evaluates before R's, after the scrape: `lag`) reads it `offset 1s` further back.
+Prometheus evaluates every subquery on whole seconds, which is why the backtest's grid is on
+whole seconds. A name recorded by rules with `labels:` (alerts.yml's thresholds, one rule per
+alert) is inlined where a reference picks exactly one of those rules by equality matchers on the
+labels it sets:
 
     R{alertname="X"}  ->  last_over_time((label_replace(E, "alertname", "X", "", ""))[LOOKBACK:1s])
 
 A reference this module cannot rewrite exactly (other matchers on R, `@`, a subquery of R)
-leaves R recorded by promtool as before; Prometheus evaluates everything either way.
+leaves R backfilled as before; Prometheus evaluates everything either way.
 
 Not a PromQL parser: it scans just enough (strings, comments, matchers, label lists, numbers)
 to find metric names, and refuses the rewrite when in doubt.
@@ -33,6 +35,7 @@ to find metric names, and refuses the rewrite when in doubt.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _TOKEN = re.compile(
@@ -152,9 +155,13 @@ class Inliner:
         lookback: str,
         since: float,
         labelled: dict[str, list[tuple[dict[str, str], str]]] | None = None,
+        lag: Callable[[object, str], int] | None = None,
     ):
         self.rules, self.lookback, self.since = dict(rules), lookback, since
         self.labelled = {n: list(v) for n, v in (labelled or {}).items() if n not in self.rules}
+        # lag(reader, name): grid steps (seconds) by which `reader` (the key given to inline(), or
+        # the recorded name whose expression is inlined) sees recording `name` late
+        self.lag = lag or (lambda reader, name: 0)
         self._done: dict[str, str] = {}
 
     def picked(self, ref: Reference) -> str | None:
@@ -216,8 +223,9 @@ class Inliner:
             return expr
         return f"({expr}) and on() (vector(time()) >= {self.since!r})"
 
-    def inline(self, expr: str, names: set[str] | None = None) -> str:
-        """expr with every reference to `names` (default: all rules) replaced by its subquery."""
+    def inline(self, expr: str, names: set[str] | None = None, reader: object = None) -> str:
+        """expr with every reference to `names` (default: all rules) replaced by its subquery;
+        `reader` says whose expression it is, for `lag`."""
         names = set(self.rules) | set(self.labelled) if names is None else names
         out, last = [], 0
         for ref in references(expr):
@@ -227,19 +235,20 @@ class Inliner:
                 picked = self.picked(ref)
                 if picked is None:
                     continue  # not inlinable() either: it is recorded
-                body = self.guarded(self.inline(picked, names))
+                body = self.guarded(self.inline(picked, names, reader=ref.name))
             elif ref.exact:
                 body = self.guarded(self._expression(ref.name, names))
             else:
                 continue
+            offset = _offset(ref.offset, self.lag(reader, ref.name))
             if ref.range is not None:
                 text = f"({body})[{ref.range}:1s]"
-                if ref.offset:
-                    text += f" offset {ref.offset}"
+                if offset:
+                    text += f" offset {offset}"
             else:
                 text = f"({body})[{self.lookback}:1s]"
-                if ref.offset:
-                    text += f" offset {ref.offset}"
+                if offset:
+                    text += f" offset {offset}"
                 text = f"last_over_time({text})"
             out += [expr[last : ref.start], text]
             last = ref.end
@@ -248,5 +257,17 @@ class Inliner:
     def _expression(self, name: str, names: set[str]) -> str:
         key = f"{name}\0{sorted(names)}"
         if key not in self._done:
-            self._done[key] = self.inline(self.rules[name], names)
+            self._done[key] = self.inline(self.rules[name], names, reader=name)
         return self._done[key]
+
+
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000, "y": 31_536_000_000}
+
+
+def _offset(offset: str | None, lag: int) -> str | None:
+    """A reference's offset, `lag` seconds further back: as written when there is no lag."""
+    if not lag:
+        return offset
+    sign, text = (-1, offset[1:]) if offset and offset.startswith("-") else (1, offset or "")
+    ms = sign * sum(int(n) * _UNIT_MS[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", text))
+    return f"{ms + 1000 * lag}ms"
