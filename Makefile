@@ -1,6 +1,7 @@
 # One-command entry points for a fresh Debian or Ubuntu machine.
 #   make lab           the lab without Docker (venv, project, Prometheus and Alertmanager, then runwatch up)
 #   make test          the same set-up, then the whole test suite but the compose end-to-end test
+#   make test-unit     the unit tier alone (no child process, no lab): under a minute
 #   make test-compose  docker-compose.yml run for real: on Docker if there is one, else on Podman
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ PY := $(VENV)/bin/python
 # DNS); debootstrap and busybox-static build the substitute images (compose/podman/README.md).
 PODMAN_APT_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap busybox-static
 
-.PHONY: lab test test-compose binaries browser compose-runtime lint bench console-vendor
+.PHONY: lab test test-unit test-compose binaries browser compose-runtime lint bench console-vendor
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -55,11 +56,17 @@ apt-compose-cli:
 apt-compose-podman:
 	$(call apt_install,docker-compose $(PODMAN_APT_PACKAGES))
 
+# Every tier but compose's, on two workers; each lab a test starts takes free ports and a state
+# directory of its own, so tests run side by side and in any order.
+PYTEST := $(PY) -m pytest -q --durations=15
 test: $(VENV)/.installed binaries browser apt-compose-cli
-	$(PY) -m pytest -q -m "not compose" -n 2 --dist loadgroup
+	$(PYTEST) -m "not compose" -n 2 --dist loadgroup
+
+test-unit: $(VENV)/.installed
+	$(PYTEST) -m unit -n 2
 
 test-compose: $(VENV)/.installed binaries compose-runtime
-	$(PY) -m pytest -q -m compose tests/test_compose_e2e.py
+	$(PYTEST) -m compose tests/test_compose_e2e.py
 
 lab: $(VENV)/.installed binaries
 	$(VENV)/bin/runwatch up

@@ -1,5 +1,6 @@
 """Shared helpers: real binaries and free loopback ports."""
 
+import contextlib
 import json
 import os
 import re
@@ -17,13 +18,74 @@ from runwatch.lab.supervise import Lab
 from runwatch.prom.server import free_port  # noqa: F401 (tests import it from here)
 from runwatch.prom.tools import BINARIES, binary
 
+# --- the tiers: every test in exactly one (README, "The tests") ---
+# unit: no child process (in-process servers on port 0 are allowed); integration: real binaries
+# (Prometheus, promtool, runwatch itself) on free ports; e2e: a live lab. compose is its own
+# (make test-compose). A test is marked explicitly, in its module (pytestmark) or on itself; a
+# test that uses a lab fixture is e2e by what it uses. An unmarked test is unit, and the unit
+# tier may start no child process (see _no_children): a test left unmarked that needs one fails
+# at once, naming the mark it needs, rather than slipping into `make test-unit` and slowing it.
+TIERS = ("unit", "integration", "e2e")
+LAB_FIXTURES = {"lab", "lab_session", "lab_factory"}
+TIER = pytest.StashKey[str]()
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier a test is in, or a UsageError saying why it is in none or in two."""
+    marked = {m.name for m in item.iter_markers() if m.name in TIERS}
+    uses_lab = bool(LAB_FIXTURES & set(getattr(item, "fixturenames", ())))
+    if len(marked) > 1:
+        raise pytest.UsageError(f"{item.nodeid}: marked {' and '.join(sorted(marked))}; a test is in one tier")
+    if uses_lab and marked - {"e2e"}:
+        raise pytest.UsageError(f"{item.nodeid}: marked {marked.pop()} but uses a lab: it is e2e")
+    return marked.pop() if marked else "e2e" if uses_lab else "unit"
+
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Every test that uses the native lab (its fixed ports: 8000, 9090, 9093, 9095) runs on one
-    pytest-xdist worker, in file order; the others run on the rest (`make test` runs two).
-    Marked as each test is collected, before pytest-xdist reads the groups."""
+    """Give each test its tier's marker as it is collected, before `-m` selects by it."""
+    if item.get_closest_marker("compose"):
+        return
+    tier = tier_of(item)
+    item.stash[TIER] = tier
+    if not item.get_closest_marker(tier):
+        item.add_marker(tier)
+    # Until the lab takes injectable ports: every test of the session lab on one worker.
     if "lab_session" in getattr(item, "fixturenames", ()):
         item.add_marker(pytest.mark.xdist_group("fixed-ports"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    with _no_children(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    with _no_children(item):
+        return (yield)
+
+
+@contextlib.contextmanager
+def _no_children(item: pytest.Item):
+    """In the unit tier (its fixtures included), starting a child process fails the test."""
+    if item.stash.get(TIER, None) != "unit":
+        yield
+        return
+    started: list[str] = []
+    real = subprocess.Popen._execute_child
+
+    def refuse(self, args, *rest, **kw):
+        started.append(str(args[0] if isinstance(args, list | tuple) else args))
+        raise RuntimeError(f"a unit test starts no child process ({started[-1]}): mark it integration")
+
+    subprocess.Popen._execute_child = refuse
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child = real
+    if started:
+        pytest.fail(f"a unit test starts no child process, this one started {started}: mark it integration")
 
 
 @pytest.fixture(scope="session", autouse=True)

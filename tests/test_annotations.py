@@ -38,6 +38,7 @@ def alerts_of(rules):
             if "alert" in r]  # fmt: skip
 
 
+@pytest.mark.integration
 def test_the_shipped_rules_are_written_from_the_pattern():
     res = make("--check")
     assert res.returncode == 0, res.stderr
@@ -47,6 +48,7 @@ def test_the_pattern_is_the_pagers_address(module):
     assert module.BASE_URL == RUNBOOK_BASE  # the pager serves the runbooks the links open
 
 
+@pytest.mark.integration
 def test_a_drifted_link_or_step_is_named_and_rewritten_keeping_every_comment(rules):
     shipped = {f.name: f.read_text() for f in rules.glob("*.yml")}
     edit(rules / "alerts.yml", "runbooks/HeldOutGap.md", "runbooks/HeldOutGapp.md")
@@ -66,6 +68,7 @@ def test_a_drifted_link_or_step_is_named_and_rewritten_keeping_every_comment(rul
     assert again.returncode == 0 and again.stdout == ""  # idempotent: nothing left to write
 
 
+@pytest.mark.integration
 def test_an_alert_without_a_link_gets_one_under_its_annotations(rules):
     edit(rules / "meta.yml", "          runbook_url: http://127.0.0.1:9095/runbooks/PagerDown.md\n", "")
     assert make("--check", "--rules", str(rules)).returncode == 1
@@ -75,6 +78,7 @@ def test_an_alert_without_a_link_gets_one_under_its_annotations(rules):
     assert down["annotations"]["runbook_url"] == f"{RUNBOOK_BASE}/PagerDown.md"
 
 
+@pytest.mark.integration
 def test_another_base_url_renders_every_link_and_the_rules_stay_valid(rules, tmp_path):
     """What a Kubernetes chart will do: the pager's in-cluster address, written to another folder."""
     base = "http://pager.runwatch.svc:9095/runbooks"
@@ -99,6 +103,7 @@ def test_every_step_annotation_and_described_step_is_one_of_the_lookups(module):
             assert any(f"At step {s}" in ann["description"] for s in lookups), rule["alert"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -111,6 +116,7 @@ def test_bad_input_is_one_line_naming_the_option(args, message):
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and message in res.stderr, res.stderr
 
 
+@pytest.mark.integration
 def test_an_alert_defined_twice_in_a_file_is_refused(rules):
     text = (rules / "meta.yml").read_text()
     (rules / "meta.yml").write_text(text + text[text.index("      - alert: Watchdog") :])

@@ -56,6 +56,7 @@ def first_fires(doc: dict, incident: str, alert: str) -> list:
     return [r["first_fire"][alert] for r in doc["runs"] if r["incident"] == incident]
 
 
+@pytest.mark.integration
 def test_the_plates_signatures(three_seeds):
     doc = three_seeds["doc"]
     inc = doc["summary"]["incidents"]
@@ -71,6 +72,7 @@ def test_the_plates_signatures(three_seeds):
     assert doc["summary"]["false_alarms"] == []
 
 
+@pytest.mark.integration
 def test_json_shape(three_seeds):
     runs = three_seeds["doc"]["runs"]
     assert len(runs) == 15
@@ -79,6 +81,7 @@ def test_json_shape(three_seeds):
         assert all(v is None or type(v) is int for v in r["first_fire"].values())
 
 
+@pytest.mark.integration
 def test_report_and_progress(three_seeds):
     assert "corrupt_shard   300" in three_seeds["stdout"]
     assert "[300]" in three_seeds["stdout"]  # the plate's readout beside ours
@@ -88,6 +91,7 @@ def test_report_and_progress(three_seeds):
     assert [p for p in three_seeds["prometheus"] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
 
 
+@pytest.mark.integration
 def test_an_edited_rule_changes_what_it_catches(tmp_path):
     """The learning loop: a looser HeldOutGap catches the repeated batch sooner."""
     rules = tmp_path / "rules"
@@ -105,6 +109,7 @@ def test_an_edited_rule_changes_what_it_catches(tmp_path):
     assert all(e < d for e, d in zip(edited, default, strict=True)), (edited, default)
 
 
+@pytest.mark.integration
 def test_a_noisy_rule_and_a_deaf_one_are_reported(tmp_path):
     """The report's false alarms, off-step firings and misses can be non-zero: a gradient rule
     that fires on noise pages the healthy run and fires early in the incident; a loss rule with
@@ -129,6 +134,7 @@ def test_a_noisy_rule_and_a_deaf_one_are_reported(tmp_path):
     assert "  corrupt_shard seed 0: TrainingLossJump never (fires at 300)" in res.stdout
 
 
+@pytest.mark.integration
 def test_rules_that_fail_promtool_are_refused_with_its_message(tmp_path):
     rules = tmp_path / "rules"
     shutil.copytree(REPO / "prometheus" / "rules", rules)
@@ -141,6 +147,7 @@ def test_rules_that_fail_promtool_are_refused_with_its_message(tmp_path):
     assert list(tmp_path.iterdir()) == [rules]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, flag",
     [(["--seeds", "9-1"], "--seeds"), (["--seeds", "a"], "--seeds"), (["--incidents", "meteor"], "--incidents"),
@@ -152,6 +159,7 @@ def test_bad_flags(tmp_path, args, flag):
     assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr
 
 
+@pytest.mark.integration
 def test_ctrl_c_stops_prometheus(tmp_path):
     """Ctrl-C while the backtest's Prometheus evaluates: a learner's rule that is slow to evaluate
     (the median of a 10 ms subquery over 10 minutes: over a minute here) keeps it busy."""
@@ -188,6 +196,7 @@ def test_parsers():
     assert duration_seconds("1m30s") == 90 and duration_seconds("10s") == 10 and duration_seconds("0s") == 0
 
 
+@pytest.mark.integration
 def test_mixed_precision_backtest_reports_the_new_alerts_lead(tmp_path):
     """Lesson 20 measured: for a learning-rate spike, how many steps before the loss alert do
     the loss scale and the activation norm warn? (Here: none; they follow or tie.)"""
@@ -233,6 +242,7 @@ def readouts(path: Path) -> list:
     return json.loads(path.read_text())["runs"]
 
 
+@pytest.mark.integration
 def test_a_rule_edit_reads_the_cached_runs_and_a_damaged_cache_is_rebuilt(tmp_path):
     cache = tmp_path / "cache"
     first = cached_backtest(cache, "--json", "a.json", cwd=tmp_path)
@@ -278,12 +288,14 @@ def test_a_rule_edit_reads_the_cached_runs_and_a_damaged_cache_is_rebuilt(tmp_pa
     assert "from the cache" in cached_backtest(cache, cwd=tmp_path).stderr
 
 
+@pytest.mark.integration
 def test_no_cache_leaves_the_cache_alone(tmp_path):
     res = cached_backtest(tmp_path / "cache", "--no-cache", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "trained and loaded" in res.stderr and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.integration
 def test_a_recording_read_with_matchers_is_backfilled_and_reads_the_same(tmp_path):
     """A form the inliner does not rewrite (label matchers on a recorded series) falls back to
     promtool's backfill of that rule; both ways give the same readouts."""
@@ -300,6 +312,7 @@ def test_a_recording_read_with_matchers_is_backfilled_and_reads_the_same(tmp_pat
     assert {r["first_fire"]["HeldOutGap"] is not None for r in readouts(tmp_path / "m.json")} == {True, False}
 
 
+@pytest.mark.integration
 def test_every_recording_inlined_or_every_one_backfilled_gives_the_same_readouts():
     """The shipped rules both ways, on a sample of seeds: inlined as subqueries (the default)
     and backfilled pass by pass with promtool, as the backtest used to."""
@@ -310,6 +323,7 @@ def test_every_recording_inlined_or_every_one_backfilled_gives_the_same_readouts
     assert sum(v is not None for r in inlined.runs for v in r["first_fire"].values()) >= 10
 
 
+@pytest.mark.integration
 def test_a_backfilled_recording_lands_on_the_whole_seconds_subqueries_evaluate_on(tmp_path):
     """What the fallback backfills is at whole seconds, where an inlined subquery evaluates, on any
     Prometheus: no group's hashed phase is involved (promtool's `create-blocks-from rules` has one)."""
@@ -371,6 +385,7 @@ def test_a_lab_s_order_moves_only_the_alerts_that_read_recordings_alone():
     assert lagged.runs[0]["first_fire"]["GradientNormJump"] == fresh.runs[0]["first_fire"]["GradientNormJump"] == 300
 
 
+@pytest.mark.integration
 def test_a_backtest_over_four_ranks_names_the_straggler(tmp_path):
     """The cluster's readouts: over 4 ranks a straggler pages StragglerRank naming its rank and
     GPUThermalThrottle its GPU within 21 steps (30 lab seconds) of the onset; a slow node and a
@@ -401,6 +416,7 @@ def test_a_backtest_over_four_ranks_names_the_straggler(tmp_path):
     assert "over 4 ranks" in res.stdout and "named the struck rank, and only it, in 2/2 runs" in res.stdout
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, flag",
     [(["--incidents", "straggler"], "--incidents"), (["--ranks", "3"], "--ranks"), (["--ranks", "2", "--precision",

@@ -39,6 +39,7 @@ def test_every_lane_is_the_one_run_trainer_bit_for_bit():
         assert same_records(Trainer(cfg).run(), records) == [], cfg.label
 
 
+@pytest.mark.integration
 def test_a_lane_writes_the_file_runwatch_train_offline_writes(tmp_path):
     """Field by field, as the backtest reads its lanes (train_columns), without a record per step."""
     cfg = TrainConfig(seed=137, incident="repeated_batch")

@@ -11,6 +11,8 @@ import pytest
 from runwatch.core.paths import REPO
 from tests.conftest import edit, threshold
 
+pytestmark = pytest.mark.integration
+
 
 def check(root: Path) -> subprocess.CompletedProcess:
     return subprocess.run(

@@ -27,6 +27,7 @@ def one_line(res, code: int, *words: str) -> None:
         assert word in res.stderr, res.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, flag",
     [(["train", "--offline", "--out", "x.om", "--steps", "99999999999999999999"], "--steps"),
@@ -78,6 +79,7 @@ def _wrong_shape(path: Path, good: Path) -> None:
     np.savez(path, **{**arrays, "w": np.zeros((3, 3))})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("damage", [_empty, _truncated, _wrong_shape])
 def test_resume_of_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_path, checkpoint, damage):
     bad = tmp_path / "bad.npz"
@@ -87,6 +89,7 @@ def test_resume_of_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_pa
     assert not (tmp_path / "run").exists()  # no answer.sealed, no run.json saying "running"
 
 
+@pytest.mark.integration
 def test_a_failing_tool_in_the_backtest_is_one_line(tmp_path):
     """A Prometheus that dies at start (here a stand-in where the lab looks first, beside the
     real promtool) ends the backtest in one line."""
@@ -108,6 +111,7 @@ def test_a_failing_tool_in_the_backtest_is_one_line(tmp_path):
 # --- the state directory ---
 
 
+@pytest.mark.integration
 def test_up_refuses_while_another_up_or_down_holds_the_lab(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
@@ -118,12 +122,14 @@ def test_up_refuses_while_another_up_or_down_holds_the_lab(tmp_path):
     assert sorted(p.name for p in state.iterdir()) == ["lab.lock"]  # the winner's files untouched
 
 
+@pytest.mark.integration
 def test_a_state_dir_that_cannot_be_made_names_the_flag(tmp_path):
     (tmp_path / "file").write_text("")
     res = runwatch("up", "--state-dir", str(tmp_path / "file" / "state"), "--detach", cwd=tmp_path, timeout=60)
     one_line(res, 2, "--state-dir")
 
 
+@pytest.mark.integration
 def test_a_damaged_pid_file_is_reported_and_removed_never_trusted(tmp_path):
     pids = tmp_path / "state" / "pids"
     pids.mkdir(parents=True)
@@ -136,6 +142,7 @@ def test_a_damaged_pid_file_is_reported_and_removed_never_trusted(tmp_path):
     assert list(pids.iterdir()) == []
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "name, text, command",
     [("lab.json", '{"run_id": ', ["reload"]), ("lab.json", "[]", ["reload"]),
@@ -158,6 +165,7 @@ def test_a_torn_scoreboard_line_is_skipped(tmp_path):
     assert scoreboard_line(board) == "scoreboard: 1/2 drills diagnosed correctly"
 
 
+@pytest.mark.integration
 def test_status_says_when_the_run_ended(tmp_path):
     """After the run completes its trainer keeps serving (ready), so status says the run ended."""
     state = tmp_path / "state"

@@ -106,6 +106,7 @@ def test_configs_a_cluster_cannot_run_name_their_field(changes, field):
     assert err.value.field == field
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, flag",
     [(["--ranks", "3", "--offline", "--out", "x.om"], "--ranks"), (["--ranks", "99"], "--ranks"),
@@ -133,6 +134,7 @@ def live(tmp_path, *args: str, timeout: float = 120) -> subprocess.CompletedProc
     return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.integration
 def test_a_live_run_over_mpi_is_the_offline_simulation_bit_for_bit(tmp_path):
     """Two rank processes exchanging their parts over MPICH: the weights after 50 steps, and the
     training loss of steps 10-49 (the expected-loss fit's window), equal one process simulating them."""
@@ -148,6 +150,7 @@ def test_a_live_run_over_mpi_is_the_offline_simulation_bit_for_bit(tmp_path):
     assert (tmp_path / "run" / "run.json").exists() and (tmp_path / "run" / "rank-1.json").exists()
 
 
+@pytest.mark.integration
 def test_the_live_ranks_wait_for_the_straggler(tmp_path):
     """Four ranks, one a straggler from step 10 of 40: each rank's own /metrics, read once the run
     is over, shows who computed longer and who waited. Bounds follow from the config: a step of
@@ -196,6 +199,7 @@ def scrape(url: str) -> dict[str, float]:
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
 
+@pytest.mark.integration
 def test_offline_the_ranks_are_simulated_in_one_process(tmp_path):
     res = runwatch("train", "--offline", "--ranks", "4", "--incident", "straggler", "--steps", "20", "--onset", "10",
                    "--out", "run.om", cwd=tmp_path)  # fmt: skip
@@ -203,6 +207,7 @@ def test_offline_the_ranks_are_simulated_in_one_process(tmp_path):
     assert 'run_id="straggler-0"' in (tmp_path / "run.om").read_text()
 
 
+@pytest.mark.integration
 def test_ctrl_c_stops_every_rank_and_leaves_none_behind(tmp_path):
     """Ctrl-C to the launcher reaches mpiexec once, every rank stops mid-run (one may be waiting in
     an exchange), run.json says interrupted, and no process of the run is left: followed through
@@ -227,6 +232,7 @@ def test_ctrl_c_stops_every_rank_and_leaves_none_behind(tmp_path):
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
 
 
+@pytest.mark.integration
 def test_a_live_straggler_pages_naming_its_rank_and_its_gpu(tmp_path):
     """Four live ranks, a straggler from step 5, scraped each second by a real Prometheus with
     cluster.yml: StragglerRank fires naming the straggler's rank and node, GPUThermalThrottle its
@@ -281,6 +287,7 @@ def names_firing(port: int, names: set[str]) -> dict[str, list[dict]] | None:
     return out if names <= set(out) else None
 
 
+@pytest.mark.integration
 def test_a_busy_rank_port_is_refused_before_any_rank_starts(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -302,6 +309,7 @@ def read_until(proc: subprocess.Popen, done: str, seen: list[str]) -> None:
             return
 
 
+@pytest.mark.integration
 def test_a_crash_restarts_the_job_from_its_checkpoint_and_counts_the_steps_lost(tmp_path):
     """Rank 1's GPU falls off the bus at step 72 of seed 2; mpiexec ends both ranks, and the
     launcher restarts them from the checkpoint of step 49: 22 steps lost. The restarted job ends
@@ -337,6 +345,7 @@ def test_a_crash_restarts_the_job_from_its_checkpoint_and_counts_the_steps_lost(
     assert np.array_equal(saved["w"], offline.w) and np.array_equal(saved["b"], offline.b)
 
 
+@pytest.mark.integration
 def test_a_hang_pages_names_its_rank_and_the_watchdog_restarts_the_job(tmp_path):
     """Rank 1 of seed 2 hangs before step 72's exchange. A real Prometheus with cluster.yml scrapes
     both ranks and the launcher: TrainingStalled fires once no step has finished for 10 s, the

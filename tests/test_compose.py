@@ -112,6 +112,7 @@ def start_grafana(tmp_path: Path, password: str | None) -> tuple[str, str]:
     return res.stdout, (tmp_path / "admin-password").read_text()
 
 
+@pytest.mark.integration
 def test_grafana_password_is_chosen_or_generated_once_and_kept(tmp_path):
     out, chosen = start_grafana(tmp_path, "s3cret")
     assert chosen == "s3cret" and f"run.sh --flag file={tmp_path}/admin-password pw=" in out  # not passed on
@@ -139,6 +140,7 @@ def compose_cli() -> list[str] | None:
     return None
 
 
+@pytest.mark.integration
 def test_a_real_compose_parser_accepts_the_file(tmp_path):
     cli = compose_cli()
     if cli is None:
@@ -157,6 +159,7 @@ def test_a_real_compose_parser_accepts_the_file(tmp_path):
     assert res.returncode != 0
 
 
+@pytest.mark.integration
 def test_no_compose_command_needs_a_variable():
     """`docker compose down` (or config, ps, logs) must work with nothing set."""
     cli = compose_cli()

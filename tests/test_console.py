@@ -20,6 +20,8 @@ from runwatch.oncall.pager import make_server
 from runwatch.prom.server import free_port, wait_ready
 from tests.conftest import runwatch
 
+pytestmark = pytest.mark.integration  # a console and a pager of its own, over HTTP
+
 HOSTILE = '<script>alert(1)</script><img src=x onerror="alert(2)">'
 
 

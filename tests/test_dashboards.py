@@ -379,6 +379,7 @@ def crashed_cluster(tmp_path_factory):
         yield cfg, run, f"http://127.0.0.1:{port}"
 
 
+@pytest.mark.integration
 def test_the_cluster_row_reads_every_rank_gpu_and_restart(crashed_cluster):
     """Every query of the cluster row returns series for a cluster run, each rank's or GPU's
     apart, and says what happened: one restart, the steps it lost, the XID that caused it."""
@@ -403,6 +404,7 @@ def test_the_cluster_row_reads_every_rank_gpu_and_restart(crashed_cluster):
     assert xids[struck] == {0.0, 79.0} and all(v == {0.0} for k, v in xids.items() if k != struck)
 
 
+@pytest.mark.integration
 def test_the_console_shows_each_rank_through_the_same_queries(crashed_cluster):
     """The console's cluster view (/api/ranks) reads the dashboard's cluster-row queries: at the
     end of the crashed run, every rank and its GPU and the job's restart; during the crash, the

@@ -7,6 +7,8 @@ in tests/test_backtest.py.
 import os
 import time
 
+import pytest
+
 from runwatch.backtest.backtest import cache_key
 from runwatch.backtest.datacache import MANIFEST, DataCache, key_of
 from tests.conftest import need
@@ -65,6 +67,7 @@ def test_a_put_a_crash_left_behind_is_cleared_after_an_hour(tmp_path):
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".k.running", "k"]
 
 
+@pytest.mark.integration  # asks the Prometheus binary its version
 def test_the_key_follows_what_the_data_follows_from(tmp_path):
     source = tmp_path / "run.py"
     source.write_text("lr = 0.1\n")

@@ -188,6 +188,7 @@ def test_a_healthy_drill_diagnosed_in_the_console_is_graded_and_written_up(tmp_p
     assert (state / f"postmortem-{run_id}.md").exists()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, names",
     [(["drill", "--fast-forward", "240"], "--fast-forward"), (["ack", "HeldOutGap", "--expires", "0"], "--expires"),

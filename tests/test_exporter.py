@@ -64,6 +64,7 @@ def test_exporter_reports_its_own_render_time(served):
     assert 0 < seconds < 0.1
 
 
+@pytest.mark.integration
 def test_promtool_check_metrics_is_clean(served):
     _, url = served
     out = subprocess.run([need("promtool"), "check", "metrics"], input=scrape(url), capture_output=True, text=True)
@@ -142,6 +143,7 @@ def test_port_in_use_names_the_port():
         srv.shutdown()
 
 
+@pytest.mark.integration
 def test_golden_file_passes_promtool():
     text = GOLDEN.read_text().replace("<seconds>", "0.0001")
     out = subprocess.run([need("promtool"), "check", "metrics"], input=text, capture_output=True, text=True)

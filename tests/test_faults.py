@@ -173,6 +173,7 @@ def test_a_cluster_drill_hides_a_cluster_incident_half_the_time_by_llama_3s_shar
     assert one_rank == set(INCIDENTS)  # a run of one process draws only the plate's
 
 
+@pytest.mark.integration
 def test_a_cluster_drill_grades_the_rank_named(tmp_path):
     """`runwatch diagnose INCIDENT --rank R` against a drill's sealed answer: the incident, and the
     rank a cluster incident struck."""

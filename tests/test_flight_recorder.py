@@ -7,6 +7,8 @@ from runwatch.exporter.server import start
 from runwatch.prom.server import Process, free_port, instant
 from tests.conftest import need, runwatch, wait_for
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def four_ranks(tmp_path):

@@ -20,7 +20,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from runwatch.core.paths import REPO
+
+pytestmark = pytest.mark.integration
 
 
 def run(argv: list[str], cwd, timeout: float = 300) -> subprocess.CompletedProcess:

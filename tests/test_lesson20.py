@@ -122,6 +122,7 @@ def test_a_learning_rate_spike_lifts_the_activation_norm():
         assert recs[301].weight_norm > 2 * recs[299].weight_norm
 
 
+@pytest.mark.integration
 def test_resume_on_the_command_line(tmp_path):
     t = Trainer(TrainConfig(incident="corrupt_shard", seed=2))
     for _ in range(598):

@@ -4,6 +4,7 @@ import io
 import subprocess
 
 import numpy as np
+import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from runwatch.trainer.config import TrainConfig
@@ -47,6 +48,7 @@ def test_drill_offline_hides_the_incident():
     assert "corrupt_shard" not in text and "incident_active" not in text and 'incident="hidden"' in text
 
 
+@pytest.mark.integration
 def test_promtool_backfills_the_file(tmp_path):
     om = tmp_path / "runs.om"
     with open(om, "w") as fh:
@@ -67,6 +69,7 @@ def test_promtool_backfills_the_file(tmp_path):
     assert written > 2 * 13 * 600
 
 
+@pytest.mark.integration
 def test_a_cluster_run_writes_each_rank_and_its_gpu(tmp_path):
     """Over 4 ranks the file also holds what each rank's exporter serves: a straggler computes
     1/0.7 longer from the onset and waits least; the others wait for it."""

@@ -173,6 +173,7 @@ def held_out_gap(starts_at: str) -> dict:
     return page
 
 
+@pytest.mark.integration
 def test_a_page_stores_the_rule_in_force_and_follows_an_edit(start, rules_prometheus, tmp_path):
     """The threshold and `for:` Prometheus evaluates when the page comes, not the shipped ones:
     the descriptions quote no threshold, and the page line prints the rule."""
@@ -507,6 +508,7 @@ def test_follow_hides_the_pages_of_earlier_labs_and_says_so(tmp_path, capsys):
     assert "OldAlert" in capsys.readouterr().out
 
 
+@pytest.mark.integration
 def test_follow_says_it_is_listening(tmp_path):
     """--follow on a quiet log: a line on stderr says it is waiting, and since when."""
     proc = subprocess.Popen(
@@ -652,6 +654,7 @@ def test_watchdog_silence_pages_once_and_its_return_resolves(tmp_path):
         server.server_close()
 
 
+@pytest.mark.integration
 def test_serve_stops_cleanly_on_sigterm(tmp_path):
     """As PID 1 in a container a Python without a SIGTERM handler ignores it: `docker compose stop`
     would wait 10 s and SIGKILL it."""

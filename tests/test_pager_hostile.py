@@ -42,6 +42,7 @@ def pager(tmp_path):
     server.close()
 
 
+@pytest.mark.integration
 def test_a_log_of_hostile_pages_prints_safely_and_completely(pager):
     for i, text in enumerate(HOSTILE.values()):
         assert pager.post(payload(hostile_alert(i, text)))[0] == 200
@@ -68,6 +69,7 @@ def test_deeply_nested_json_is_a_400_not_a_dropped_connection(pager):
     assert pager.post(payload())[0] == 200  # and the pager still serves
 
 
+@pytest.mark.integration
 def test_follow_of_a_directory_is_one_line_naming_the_flag(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "runwatch", "pager", "--follow", "--log", str(tmp_path)],
@@ -90,6 +92,7 @@ def pager_process(tmp_path):
     proc.wait(10)
 
 
+@pytest.mark.integration
 def test_a_full_disk_stores_nothing_then_the_retry_stores_each_page_once(pager_process):
     """The disk fills between the first page and a post of four: nothing of the four is kept,
     /-/ready says why, and Alertmanager's retry after space is freed stores each page once."""

@@ -5,10 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from runwatch.exporter.server import start
 from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
 
 
 def probe(*args: str) -> subprocess.CompletedProcess:

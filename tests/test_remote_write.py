@@ -33,6 +33,7 @@ def every_sample(prometheus: str, data, tmp_path) -> dict:
     return {json.dumps(s["metric"], sort_keys=True): s["values"] for s in found}
 
 
+@pytest.mark.integration
 def test_pushed_runs_hold_every_sample_promtool_loads_from_their_openmetrics(tmp_path):
     """A plain run and a 2-rank crash (a stall, `up` 0 while down, counters, NaN gaps) under the
     backtest's own shift: the same series, timestamps and values, bit for bit, both ways."""
@@ -74,6 +75,7 @@ def test_varints_and_the_snappy_frame_are_the_formats_own():
     assert snappy_literal(b"abc") == b"\x03" + bytes([0xFC]) + (2).to_bytes(4, "little") + b"abc"
 
 
+@pytest.mark.integration
 def test_a_stamp_that_needs_another_varint_length_is_encoded_the_slow_way(tmp_path):
     """Stamps on both sides of 2^35 ms (1971) straddle a varint length; Prometheus still reads them."""
     prometheus = need("prometheus")
@@ -95,6 +97,7 @@ def test_a_nan_is_no_sample_and_mismatched_lengths_are_refused():
         write_request([("x", [("job", "a"), ("job", "b")], [1.0], [1])])
 
 
+@pytest.mark.integration
 def test_a_sample_prometheus_refuses_raises_with_its_reason(tmp_path):
     prometheus = need("prometheus")
     with serving(prometheus, tmp_path / "d", tmp_path, "--web.enable-remote-write-receiver") as proc:
@@ -103,6 +106,7 @@ def test_a_sample_prometheus_refuses_raises_with_its_reason(tmp_path):
             push(proc.base, write_request([("x", [("job", "t")], [2.0], [1767225600000])])[0])
 
 
+@pytest.mark.integration
 def test_a_prometheus_without_the_receiver_is_named(tmp_path):
     prometheus = need("prometheus")
     with serving(prometheus, tmp_path / "d", tmp_path) as proc:

@@ -34,11 +34,13 @@ def rules_of(kind: str, group_name: str | None = None) -> list[dict]:
 training_alerts = rules_of("alert", "runwatch-training")
 
 
+@pytest.mark.integration
 def test_promtool_check_rules():
     res = promtool("check", "rules", *map(str, sorted(RULES.glob("*.yml"))))
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.integration
 def test_promtool_test_rules():
     res = promtool("test", "rules", *map(str, sorted(TESTS.glob("*.test.yml"))))
     assert res.returncode == 0, res.stdout + res.stderr
@@ -55,6 +57,7 @@ BASELINE_GUARDS = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("guard", BASELINE_GUARDS, ids=range(len(BASELINE_GUARDS)))
 def test_deleting_a_baseline_guard_fails_a_unit_test(tmp_path, guard):
     """Each guard of baselines.yml is held by a test: without it, baselines.test.yml goes red."""
@@ -103,6 +106,7 @@ def test_recording_rules_are_named_level_metric_operations_with_a_comment():
         assert before.strip().startswith("#"), f"{m[1]} has no comment above it"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "old, new, failing",
     [

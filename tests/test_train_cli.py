@@ -17,6 +17,8 @@ from runwatch.exporter.server import start
 from runwatch.trainer.sealed import unseal
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.integration
+
 INCIDENT_NAMES = ("lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
 
 

@@ -61,6 +61,7 @@ def log(tmp_path):
     return path
 
 
+@pytest.mark.integration
 def test_an_alert_that_fired_but_never_paged_is_named_once(prometheus, log):
     unpaged = Unpaged(log, prometheus, clock=lambda: NOW)
     out, err = io.StringIO(), io.StringIO()
@@ -72,6 +73,7 @@ def test_an_alert_that_fired_but_never_paged_is_named_once(prometheus, log):
     assert f"fired in Prometheus at {rfc3339_ms(NOW - 600)[11:19]}" in lines[0]
 
 
+@pytest.mark.integration
 def test_the_pager_command_prints_the_trace_after_the_pages(prometheus, log):
     res = subprocess.run(
         [sys.executable, "-m", "runwatch", "pager", "--log", str(log), "--prometheus", prometheus],
