@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runwatch.cluster.launcher import write_targets
 from runwatch.core.command import UsageError
 from runwatch.core.paths import REPO
-from runwatch.prom.server import Process, free_port, instant
+from runwatch.prom.server import Process, free_port, instant, prometheus_argv
 from runwatch.trainer import model, parallel
 from runwatch.trainer.config import INCIDENTS, ConfigError, TrainConfig
 from runwatch.trainer.faults import fault_of
@@ -258,8 +258,7 @@ def test_a_live_straggler_pages_naming_its_rank_and_its_gpu(tmp_path):
             f"rule_files: [{REPO / 'prometheus' / 'rules' / 'cluster.yml'}]\n"
             f"scrape_configs: [{{job_name: ranks, static_configs: [{{targets: {list(targets.values())}}}]}}]\n"
         )
-        argv = [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--web.listen-address=127.0.0.1:{port}", f"--storage.tsdb.path={tmp_path / 'data'}"]  # fmt: skip
+        argv = prometheus_argv(need("prometheus"), tmp_path / "prometheus.yml", tmp_path / "data", port)
         with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / "prometheus.log"):
             # onset 5 s + up to 15 s for the median + 5 s of for: + scrapes: a minute and a half is ample
             firing = wait_for(lambda: names_firing(port, {"StragglerRank", "GPUThermalThrottle"}), 90, "both alerts")
@@ -378,8 +377,7 @@ def test_a_hang_pages_names_its_rank_and_the_watchdog_restarts_the_job(tmp_path)
             f"scrape_configs: [{{job_name: ranks, honor_labels: true, static_configs: {json.dumps(groups)}}},"
             f" {{job_name: launcher, static_configs: [{{targets: ['{launcher}']}}]}}]\n"
         )
-        argv = [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--web.listen-address=127.0.0.1:{port}", f"--storage.tsdb.path={tmp_path / 'data'}"]  # fmt: skip
+        argv = prometheus_argv(need("prometheus"), tmp_path / "prometheus.yml", tmp_path / "data", port)
         base = f"http://127.0.0.1:{port}"
         with Process(argv, f"{base}/-/ready", tmp_path / "prometheus.log"):
             # the hang at 7.2 s of steps, then 10 s without a step and an evaluation

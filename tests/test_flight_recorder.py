@@ -4,7 +4,7 @@ import pytest
 
 from runwatch.exporter.rank_metrics import RankMetrics
 from runwatch.exporter.server import start
-from runwatch.prom.server import Process, free_port, instant
+from runwatch.prom.server import Process, free_port, instant, prometheus_argv
 from tests.conftest import need, runwatch, wait_for
 
 pytestmark = pytest.mark.integration
@@ -22,8 +22,7 @@ def four_ranks(tmp_path):
         "global: {scrape_interval: 1s}\n"
         f"scrape_configs: [{{job_name: ranks, static_configs: [{{targets: {targets}}}]}}]\n"
     )
-    argv = [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"]  # fmt: skip
+    argv = prometheus_argv(need("prometheus"), tmp_path / "prometheus.yml", tmp_path / "data", port)
     with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / "prometheus.log"):
         yield metrics, f"http://127.0.0.1:{port}"
     for s in servers:

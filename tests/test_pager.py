@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runwatch.core.paths import REPO
 from runwatch.oncall.follow import follow, format_page, main, serve_main
 from runwatch.oncall.pager import RULES_TIMEOUT_S, make_server, read_pages
-from runwatch.prom.server import Process, free_port
+from runwatch.prom.server import Process, free_port, prometheus_argv
 from tests.conftest import edit, need, threshold
 
 NOW = 1714564805.25  # 2024-05-01T12:00:05.250Z
@@ -160,9 +160,8 @@ def rules_prometheus(tmp_path):
     edit(alerts, '{alertname="HeldOutGap"})\n        for: 10s', '{alertname="HeldOutGap"})\n        for: 20s')
     (tmp_path / "prometheus.yml").write_text(f"rule_files: ['{rules}/*.yml']\n")
     port = free_port()
-    argv = [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-lifecycle"]  # fmt: skip
+    argv = prometheus_argv(need("prometheus"), tmp_path / "prometheus.yml", tmp_path / "data", port,
+                           "--web.enable-lifecycle")  # fmt: skip
     with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / "prometheus.log"):
         yield f"http://127.0.0.1:{port}", alerts, shipped
 

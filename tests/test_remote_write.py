@@ -9,7 +9,7 @@ import requests
 
 from runwatch.backtest import backtest as bt
 from runwatch.backtest.remote_write import _varint, push, snappy_literal, write_request
-from runwatch.prom.server import Process, free_port, instant
+from runwatch.prom.server import Process, free_port, instant, prometheus_argv
 from runwatch.trainer.batch import train_many
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.offline import OfflineRun, series, write_openmetrics
@@ -19,8 +19,7 @@ from tests.conftest import need
 def serving(prometheus: str, data, tmp_path, *extra: str) -> Process:
     port = free_port()
     (tmp_path / "p.yml").write_text("global: {}\n")
-    argv = [prometheus, f"--config.file={tmp_path / 'p.yml'}", f"--storage.tsdb.path={data}",
-            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y", *extra]  # fmt: skip
+    argv = prometheus_argv(prometheus, tmp_path / "p.yml", data, port, "--storage.tsdb.retention.time=100y", *extra)
     proc = Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / f"{data.name}.log", grace=1.0)
     proc.base = f"http://127.0.0.1:{port}"
     return proc

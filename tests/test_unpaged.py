@@ -18,7 +18,7 @@ import pytest
 
 from runwatch.oncall.follow import UNPAGED_AFTER_S, Unpaged
 from runwatch.oncall.pager import rfc3339_ms
-from runwatch.prom.server import Process, free_port
+from runwatch.prom.server import Process, free_port, prometheus_argv
 from tests.conftest import need
 
 NOW = float(int(time.time()))
@@ -47,8 +47,7 @@ def prometheus(tmp_path_factory):
     )  # fmt: skip
     (tmp / "prometheus.yml").write_text("global: {}\n")
     port = free_port()
-    argv = [need("prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--query.lookback-delta=3s"]  # fmt: skip
+    argv = prometheus_argv(need("prometheus"), tmp / "prometheus.yml", tmp / "data", port, "--query.lookback-delta=3s")
     with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp / "prometheus.log"):
         yield f"http://127.0.0.1:{port}"
 

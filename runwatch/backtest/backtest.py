@@ -54,10 +54,10 @@ from runwatch.backtest.inline import Inliner, references
 from runwatch.backtest.remote_write import push, write_request
 from runwatch.core.command import Command, UsageError, check_writable, config_error, number
 from runwatch.core.files import write_atomic
-from runwatch.core.names import CLUSTER_ALERTS, META_GROUP, PORTS
+from runwatch.core.names import CLUSTER_ALERTS, LOOPBACK, META_GROUP, PORTS
 from runwatch.core.paths import Layout
 from runwatch.exporter.metrics import STEP
-from runwatch.prom.server import Process, free_port, query_range
+from runwatch.prom.server import Process, free_port, prometheus_argv, query_range
 from runwatch.prom.tools import binary, run_tool
 from runwatch.trainer.batch import train_columns
 from runwatch.trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
@@ -481,15 +481,10 @@ def _server(prometheus: str, tmpdir: Path, name: str, data: str, start: float, e
     (tmpdir/name.yml), its TSDB in tmpdir/data and its log in tmpdir/name.log."""
     port = free_port()
     (tmpdir / f"{name}.yml").write_text("global: {}\n")
-    argv = [
-        prometheus,
-        f"--config.file={tmpdir / f'{name}.yml'}",
-        f"--storage.tsdb.path={tmpdir / data}",
-        f"--storage.tsdb.retention.time={RETENTION}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        *flags,
-    ]
-    return Throwaway(tmpdir, argv, f"http://127.0.0.1:{port}", start, end, name=name, tsdb=data)
+    argv = prometheus_argv(
+        prometheus, tmpdir / f"{name}.yml", tmpdir / data, port, f"--storage.tsdb.retention.time={RETENTION}", *flags
+    )
+    return Throwaway(tmpdir, argv, f"http://{LOOPBACK}:{port}", start, end, name=name, tsdb=data)
 
 
 def _loader(prometheus: str, tmpdir: Path) -> Throwaway:

@@ -3,7 +3,7 @@
 Not a mock: these are the Debian or upstream binaries, on a loopback port. Use `Process` as a
 context manager so the process is stopped on every way out, Ctrl-C included.
 
-    >>> with Process([binary("prometheus"), "--config.file=p.yml", ...], ready_url) as proc:
+    >>> with Process(prometheus_argv(binary("prometheus"), Path("p.yml"), Path("data"), port), ready_url) as proc:
     ...     instant(proc_url, "up")
 """
 
@@ -16,16 +16,38 @@ from pathlib import Path
 
 import requests
 
+from runwatch.core.names import LOOPBACK
+
 
 class ProcessError(RuntimeError):
     """A server that would not start; the message carries the tail of its log."""
 
 
+def prometheus_argv(binary: str, config: Path, tsdb: Path, port: int, *flags: str) -> list[str]:
+    """A Prometheus command line: its config file, its TSDB folder, listening on loopback at
+    port, then the caller's flags. The one spelling of it, for the lab, the backtest and the
+    tests' own servers.
+
+        >>> prometheus_argv("prometheus", Path("p.yml"), Path("data"), 9090, "--web.enable-lifecycle")[1:3]
+        ['--config.file=p.yml', '--storage.tsdb.path=data']
+    """
+    listen = f"--web.listen-address={LOOPBACK}:{port}"
+    return [binary, f"--config.file={config}", f"--storage.tsdb.path={tsdb}", listen, *flags]
+
+
 def free_port() -> int:
     """A loopback port that was free a moment ago."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
+
+
+def free_ports_in_a_row(n: int) -> int:
+    """The first of n loopback ports in a row that were free a moment ago (a cluster's ranks)."""
+    while True:
+        first = free_port()
+        if first + n <= 65536 and all(port_is_free(first + i) for i in range(1, n)):
+            return first
 
 
 def port_is_free(port: int) -> bool:
@@ -34,7 +56,7 @@ def port_is_free(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((LOOPBACK, port))
         except OSError:
             return False
     return True
