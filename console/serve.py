@@ -15,6 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
+from runwatch.core.addresses import lab_url
 from runwatch.core.command import Parser, UsageError
 from runwatch.core.names import LOOPBACK, PORTS, url
 
@@ -39,8 +40,8 @@ def parser() -> Parser:
     p.add_argument("--host", default=LOOPBACK, help=f"address to listen on (default {LOOPBACK}: this machine only)")
     p.add_argument("--port", type=_port, default=PORTS["console"], help=f"port (default {PORTS['console']})")
     for name in ("prometheus", "alertmanager", "pager"):
-        p.add_argument(f"--{name}", type=_url(f"--{name}"), default=url(name), metavar="URL",
-                       help=f"the {name} to read (default {url(name)})")  # fmt: skip
+        p.add_argument(f"--{name}", type=_url(f"--{name}"), default=None, metavar="URL",
+                       help=f"the {name} to read (default: the --state-dir's lab's, else {url(name)})")  # fmt: skip
     p.add_argument("--prometheus-link", type=_url("--prometheus-link"), default="", metavar="URL",
                    help="Prometheus as the browser reaches it (default: --prometheus)")  # fmt: skip
     p.add_argument("--grafana", type=_url("--grafana"), default="", metavar="URL",
@@ -57,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         return args
     if args.state_dir is not None and not args.state_dir.is_dir():
         print(f"{p.prog}: --state-dir: {args.state_dir} is not a directory", file=sys.stderr)
+        return 2
+    try:  # where the lab of --state-dir serves what a flag does not name (runwatch.core.addresses)
+        for name in ("prometheus", "alertmanager", "pager"):
+            if getattr(args, name) is None:
+                setattr(args, name, lab_url(args.state_dir, name) if args.state_dir else url(name))
+    except UsageError as err:
+        print(f"{p.prog}: --state-dir: {err}", file=sys.stderr)
         return 2
     # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on sockets that say they are
     # TCP. Without it a kept-alive connection waited 40 ms for each answer (Nagle meeting the

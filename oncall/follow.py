@@ -124,13 +124,27 @@ def _received(page: dict[str, Any]) -> float:
     return float("inf") if received is None else received  # an unreadable time is shown, never hidden
 
 
+def _lab_record(log_path: Path) -> dict:
+    """The lab.json beside this log (the lab's state directory holds both), or {}."""
+    try:
+        record = json.loads((Path(log_path).parent / "lab.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def lab_started(log_path: Path) -> float | None:
     """When the lab whose state directory holds this log was started (its lab.json), if known."""
-    try:
-        started = json.loads((Path(log_path).parent / "lab.json").read_text()).get("started_at")
-    except (OSError, ValueError, AttributeError):
-        return None
+    started = _lab_record(log_path).get("started_at")
     return float(started) if isinstance(started, int | float) else None
+
+
+def lab_prometheus(log_path: Path) -> str:
+    """The Prometheus of the lab whose state directory holds this log (its lab.json records where
+    `runwatch up` started it), else the documented one."""
+    urls = _lab_record(log_path).get("urls")
+    found = urls.get("prometheus") if isinstance(urls, dict) else None
+    return found if isinstance(found, str) else PROMETHEUS
 
 
 class Unpaged:
@@ -262,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--follow", action="store_true", help="keep printing pages as they arrive, like tail -f")
     parser.add_argument("--all", action="store_true", help="also the pages of earlier labs in this state directory")
     parser.add_argument(
-        "--prometheus", default=PROMETHEUS, metavar="URL",
-        help=f"ask it which alerts fired but never paged (default {PROMETHEUS}; '' not to ask)",
+        "--prometheus", default=None, metavar="URL",
+        help=f"ask it which alerts fired but never paged (default: the log's lab's, else {PROMETHEUS}; '' not to ask)",
     )  # fmt: skip
     args = parser.parse_or_status(argv)
     if isinstance(args, int):
@@ -287,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.reconfigure(errors="backslashreplace")
     try:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how --follow ends
-            unpaged = Unpaged(args.log, args.prometheus) if args.prometheus else None
+            prometheus = lab_prometheus(args.log) if args.prometheus is None else args.prometheus
+            unpaged = Unpaged(args.log, prometheus) if prometheus else None
             follow(args.log, follow=args.follow, unpaged=unpaged, since=since)
     except OSError as e:
         print(f"{parser.prog}: --log: cannot read {args.log}: {e.strerror or e}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """`runwatch flight-recorder`: every rank's last collective and step, and the rank that lags.
 
-    runwatch flight-recorder [--run ID] [--prometheus URL]
+    runwatch flight-recorder [--run ID] [--prometheus URL] [--state-dir DIR]
 
 PyTorch's NCCL flight recorder keeps each rank's recent collectives, numbered by
 `collective_seq_id`; its analyser (`torchfrtrace`) matches them across ranks and names the ranks
@@ -19,8 +19,8 @@ import argparse
 import time
 from dataclasses import dataclass
 
+from runwatch.core.addresses import lab_url
 from runwatch.core.command import Command, UsageError, add_state_dir, read_json
-from runwatch.core.names import url
 from runwatch.exporter.rank_metrics import RANK_COLLECTIVE_SEQ, RANK_LAST_STEP_TIME, RANK_STEP
 from runwatch.prom.server import PromQLError, instant
 
@@ -74,12 +74,13 @@ def newest_run_with_ranks(prometheus: str) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
     p.add_argument("--run", default=None, help="the run (default: the lab's, else the newest with ranks)")
-    p.add_argument("--prometheus", default=url("prometheus"), help="Prometheus to read (default: the lab's)")
+    p.add_argument("--prometheus", default=None, help="Prometheus to read (default: the lab's, from its state dir)")
     return run
 
 
 def run(args: argparse.Namespace) -> int:
     lab_json = args.state_dir / "lab.json"
+    args.prometheus = args.prometheus or lab_url(args.state_dir, "prometheus")
     if args.run is None and lab_json.exists():
         args.run = read_json(lab_json, "the lab's record").get("run_id")
     try:

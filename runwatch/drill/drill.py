@@ -31,7 +31,6 @@ import requests
 
 from runwatch.core.command import Command, UsageError, add_state_dir, check_writable, number, read_json
 from runwatch.core.files import write_atomic
-from runwatch.core.names import url
 from runwatch.lab import supervise as lab_mod
 from runwatch.oncall.pager import read_pages, received_time
 from runwatch.prom.server import PromQLError, instant
@@ -39,8 +38,6 @@ from runwatch.readouts import picture as plate
 from runwatch.trainer.config import CLUSTER_INCIDENTS, DRILL_ONSET_RANGE, INCIDENTS, MAX_RANKS, SEED, STEP
 from runwatch.trainer.sealed import unseal
 
-PROMETHEUS = url("prometheus")
-ALERTMANAGER = url("alertmanager")
 MAX_SILENCE_MINUTES = 7 * 24 * 60
 
 
@@ -108,7 +105,7 @@ def drill(args: argparse.Namespace) -> int:
     up_args = argparse.Namespace(
         state_dir=args.state_dir, incident="random", seed=args.seed if args.seed is not None else 0, onset=None,
         fast_forward=args.fast_forward, control=False, detach=True, drill_seed=args.seed, root=None, precision="fp64",
-        ranks=args.ranks,
+        ranks=args.ranks, ports=args.ports,
     )  # fmt: skip
     lab_mod.up(up_args)
     run_id = json.loads((d.lab.state / "lab.json").read_text())["run_id"]
@@ -122,7 +119,7 @@ def drill(args: argparse.Namespace) -> int:
 # --- runwatch ack ---
 
 
-def firing_in_alertmanager(alert: str, run_id: str, alertmanager: str = ALERTMANAGER) -> list[dict]:
+def firing_in_alertmanager(alert: str, run_id: str, alertmanager: str) -> list[dict]:
     params = {"filter": [f'alertname="{alert}"', f'run_id="{run_id}"'], "active": "true", "silenced": "false"}
     resp = requests.get(f"{alertmanager}/api/v2/alerts", params=params, timeout=5)
     resp.raise_for_status()
@@ -134,8 +131,8 @@ def ack(args: argparse.Namespace) -> int:
     --run or the lab's run. The alert must be firing and not yet silenced."""
     if not 0 < args.expires <= MAX_SILENCE_MINUTES:
         raise UsageError(f"--expires: minutes in (0, {MAX_SILENCE_MINUTES}] (a week at most), got {args.expires:g}")
-    alertmanager = args.alertmanager.rstrip("/")
     d = Drill(args.state_dir)
+    alertmanager = (args.alertmanager or d.lab.url("alertmanager")).rstrip("/")
     run_id = args.run or _current_run(d)
     if d.path.exists() and d.load()["run_id"] == run_id:  # the drill's run: the ack is in its timeline
         with d.locked():  # acks at the same moment: each is kept
@@ -187,7 +184,7 @@ def silence(alertmanager: str, alert: str, run_id: str, comment: str, minutes: f
 # --- runwatch diagnose ---
 
 
-def onset_time(run_id: str, onset: int, since: float) -> float | None:
+def onset_time(prometheus: str, run_id: str, onset: int, since: float) -> float | None:
     """When the trainer's onset step was first scraped: read from Prometheus (None if it cannot say)."""
     window = int(_now() - since) + 60
     step = f'runwatch_train_step{{run_id="{run_id}"}}'
@@ -195,7 +192,7 @@ def onset_time(run_id: str, onset: int, since: float) -> float | None:
     # evaluation's, up to a second later
     q = f"min_over_time((timestamp({step}) and {step} >= {onset})[{window}s:1s])"
     try:
-        found = instant(PROMETHEUS, q)
+        found = instant(prometheus, q)
     except (requests.RequestException, PromQLError):
         return None
     return float(found[0]["value"][1]) if found else None
@@ -204,7 +201,7 @@ def onset_time(run_id: str, onset: int, since: float) -> float | None:
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def fired_in_prometheus(page: dict, run_id: str, since: float) -> bool:
+def fired_in_prometheus(prometheus: str, page: dict, run_id: str, since: float) -> bool:
     """Whether Prometheus's own record (ALERTS) has this page's alert firing for the run by the
     time the page arrived. Any local process can post to the pager; only Prometheus's rules make
     ALERTS, so a page without it is not counted (not an alert decision: Prometheus made it)."""
@@ -214,7 +211,7 @@ def fired_in_prometheus(page: dict, run_id: str, since: float) -> bool:
     at = received + 2  # ALERTS is written when the alert fires, before the notification
     selector = f'ALERTS{{alertname="{page["alert"]}",run_id="{run_id}",alertstate="firing"}}'
     try:
-        return bool(instant(PROMETHEUS, f"count_over_time({selector}[{int(at - since) + 60}s])", at))
+        return bool(instant(prometheus, f"count_over_time({selector}[{int(at - since) + 60}s])", at))
     except (requests.RequestException, PromQLError):
         return False
 
@@ -222,7 +219,9 @@ def fired_in_prometheus(page: dict, run_id: str, since: float) -> bool:
 def first_page(lab: lab_mod.Lab, run_id: str, since: float) -> dict | None:
     """The run's first firing page that Prometheus confirms."""
     for page in read_pages(lab.page_log):
-        if page.get("run_id") == run_id and page.get("status") == "firing" and fired_in_prometheus(page, run_id, since):
+        if page.get("run_id") != run_id or page.get("status") != "firing":
+            continue
+        if fired_in_prometheus(lab.url("prometheus"), page, run_id, since):
             return page
     return None
 
@@ -267,7 +266,8 @@ def grade_drill(d: Drill, record: dict, diagnosed: str, step: int | None, rank: 
     page = first_page(d.lab, record["run_id"], record["started_at"])
     paged_at = _t(page)
     healthy = truth["incident"] == "none"
-    onset_at = None if healthy else onset_time(record["run_id"], truth["onset"], record["started_at"])
+    prometheus = d.lab.url("prometheus")
+    onset_at = None if healthy else onset_time(prometheus, record["run_id"], truth["onset"], record["started_at"])
     acked = min((a["at"] for a in record["acks"]), default=None)
     return {
         "run_id": record["run_id"],
@@ -348,7 +348,7 @@ def postmortem(args: argparse.Namespace) -> int:
     events = timeline(d, record, grade)
     image = out.with_name(f"{out.stem}-plate.png")
     try:
-        plate.draw(plate.collect(PROMETHEUS, run_id, since_s=_now() - record["started_at"] + 60), image)
+        plate.draw(plate.collect(d.lab.url("prometheus"), run_id, since_s=_now() - record["started_at"] + 60), image)
         plate_md = f"![The run, drawn by runwatch plate]({image.name})"
     except (UsageError, requests.RequestException) as err:
         plate_md = f"(no plate: {err})"
@@ -368,7 +368,7 @@ def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
     for p in read_pages(d.lab.page_log):
         if p.get("run_id") == run_id and _t(p) is not None:
             what = "Page" if p.get("status") == "firing" else "Resolved"
-            if not fired_in_prometheus(p, run_id, record["started_at"]):
+            if not fired_in_prometheus(d.lab.url("prometheus"), p, run_id, record["started_at"]):
                 what = f"Unconfirmed {what.lower()} (Prometheus never fired this alert)"
             events.append((_t(p), f"{what}: {p.get('alert')} (step {p.get('step') or '-'}): {p.get('summary')}"))
     for a in record["acks"]:
@@ -460,6 +460,7 @@ def add_drill(p: argparse.ArgumentParser) -> Command:
         "--ranks", type=number(int, 1, MAX_RANKS), default=1,
         help="train over N ranks: half the drills then hide a cluster incident, drawn by Llama 3's shares",
     )  # fmt: skip
+    lab_mod.add_ports(p)
     return drill
 
 
@@ -469,7 +470,8 @@ def add_ack(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--comment", default="", help="what you know so far")
     p.add_argument("--expires", type=float, default=30, metavar="MINUTES", help="silence length (default 30)")
     p.add_argument("--run", default=None, help="the run whose alert to silence (default: the drill's, else the lab's)")
-    p.add_argument("--alertmanager", default=ALERTMANAGER, metavar="URL", help="Alertmanager to create the silence in")
+    p.add_argument("--alertmanager", default=None, metavar="URL",
+                   help="Alertmanager to create the silence in (default: the lab's, from its state dir)")  # fmt: skip
     return ack
 
 

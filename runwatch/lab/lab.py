@@ -8,7 +8,9 @@
     Prometheus   http://127.0.0.1:9090           (prometheus, with --web.enable-lifecycle)
     console      http://127.0.0.1:9096/          (runwatch console: plate, pages, runbooks, ack)
 
-What it starts, with which configuration, and how it is found again: supervise.py.
+What it starts, with which configuration, and how it is found again: supervise.py. Those are
+the documented ports; `up --ports` moves any of them, and every command here finds the lab's
+from its state directory (its lab.json).
 
 `up` stays in the foreground until Ctrl-C unless --detach; `down` stops what `up` started, by
 PID, after checking each PID still runs the command it was started with.
@@ -23,11 +25,10 @@ from pathlib import Path
 
 import requests
 
+from runwatch.core.addresses import DEFAULT_PORTS
 from runwatch.core.command import Command, add_state_dir, number, read_json
-from runwatch.core.names import CONTROL_PORT, PORTS, RANK_PORT_BASE
-from runwatch.core.names import url as url_of
 from runwatch.core.paths import Layout
-from runwatch.lab.supervise import Lab, up
+from runwatch.lab.supervise import Lab, add_ports, up
 from runwatch.prom.checks import run_all
 from runwatch.prom.server import PromQLError, instant
 from runwatch.trainer.config import MAX_RANKS, SEED, STEP
@@ -54,7 +55,7 @@ def run_state(lab: Lab) -> str | None:
     run = read_json(run_json, "the run's record") if run_json.exists() else {}
     if run.get("status") in (None, "running"):
         try:
-            found = instant(url_of("prometheus"), f'runwatch_train_step{{run_id="{run_id}"}}')
+            found = instant(lab.url("prometheus"), f'runwatch_train_step{{run_id="{run_id}"}}')
             state = f"running, at step {int(float(found[0]['value'][1]))}" if found else "running, not yet scraped"
         except (requests.RequestException, PromQLError):
             state = "running (Prometheus cannot say at which step)"
@@ -103,7 +104,7 @@ def reload(args: argparse.Namespace) -> int:
             return 1
     lab.render_alertmanager_config()
     for name in ("prometheus", "alertmanager"):
-        url = f"http://127.0.0.1:{PORTS[name]}/-/reload"
+        url = f"{lab.url(name)}/-/reload"
         try:
             resp = requests.post(url, timeout=10)
         except requests.RequestException as err:
@@ -113,7 +114,7 @@ def reload(args: argparse.Namespace) -> int:
             print(f"runwatch reload: {name} refused the reload: {resp.text.strip()}")
             return 1
         print(f"reloaded {name}")
-    failing = evaluation_errors(url_of("prometheus"))
+    failing = evaluation_errors(lab.url("prometheus"))
     for line in failing:
         print(f"runwatch reload: applied, but fails when evaluated: {line}")
     return 1 if failing else 0
@@ -141,12 +142,14 @@ def add_up(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--onset", type=STEP, default=None)
     p.add_argument("--fast-forward", type=STEP, default=0, metavar="STEP")
-    p.add_argument("--control", action="store_true", help=f"also run a healthy control trainer on :{CONTROL_PORT}")
+    control = DEFAULT_PORTS["control"]
+    p.add_argument("--control", action="store_true", help=f"also run a healthy control trainer on :{control}")
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision (Lesson 20)")
     p.add_argument(
         "--ranks", type=number(int, 1, MAX_RANKS), default=1,
-        help=f"data-parallel ranks under MPI, rank r scraped on :{RANK_PORT_BASE}+r (a cluster incident needs 2+)",
+        help=f"data-parallel ranks under MPI, rank r scraped on :{DEFAULT_PORTS['ranks']}+r (a cluster incident: 2+)",
     )  # fmt: skip
+    add_ports(p)
     p.add_argument("--detach", action="store_true", help="return once everything is ready")
     p.add_argument("--drill-seed", type=SEED, default=None, help=argparse.SUPPRESS)
     p.add_argument(

@@ -8,6 +8,10 @@ Alertmanager's silences, the page log, each run's run.json, logs and PID files. 
 symlinks in the state directory, beside a targets/ folder of loopback addresses, and
 Alertmanager reads alertmanager/alertmanager.yml with each compose service name (`pager`) replaced
 by 127.0.0.1 (`loopback`). Those are the places where the native lab differs from docker compose.
+
+It takes the documented ports unless `up --ports` moves them (`--ports free`: all, to free ports);
+it records where each component listens in its lab.json (runwatch.core.addresses), where every
+command that talks to it looks. So labs in different state directories run side by side.
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ from pathlib import Path
 import psutil
 
 from runwatch.cluster.targets import rank_targets
+from runwatch.core.addresses import DEFAULT_PORTS, lab_urls, parse_ports
+from runwatch.core.addresses import url as url_at
 from runwatch.core.command import DEFAULT_STATE, UsageError, config_error, read_json
 from runwatch.core.files import write_atomic
-from runwatch.core.names import CONTROL_PORT, LAUNCHER_PORT, PORTS, RANK_PORT_BASE
-from runwatch.core.names import url as url_of
+from runwatch.core.names import LOOPBACK, PORTS
 from runwatch.core.paths import Layout
 from runwatch.drill.answer import answer_path, seal_answer
-from runwatch.prom.server import port_is_free, wait_ready
+from runwatch.prom.server import free_port, free_ports_in_a_row, port_is_free, prometheus_argv, wait_ready
 from runwatch.prom.tools import binary
 from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, TrainConfig, draw_drill
 from runwatch.trainer.live import unique_run_id
@@ -47,7 +52,7 @@ from runwatch.trainer.live import unique_run_id
 # so the links in alerts (generatorURL, Alertmanager's) open in both worlds.
 PROMETHEUS_FLAGS = [
     "--web.enable-lifecycle",  # `runwatch reload` POSTs /-/reload
-    f"--web.external-url=http://127.0.0.1:{PORTS['prometheus']}/",
+    f"--web.external-url=http://{LOOPBACK}:{PORTS['prometheus']}/",
     "--rules.alert.resend-delay=2s",  # an Alertmanager that restarts hears of firing alerts in 2 s, not 1 m
     "--storage.tsdb.retention.time=30d",
 ]
@@ -55,17 +60,22 @@ PROMETHEUS_FLAGS = [
 
 ALERTMANAGER_FLAGS = [
     "--cluster.listen-address=",  # one Alertmanager: no gossip port
-    f"--web.external-url=http://127.0.0.1:{PORTS['alertmanager']}/",
+    f"--web.external-url=http://{LOOPBACK}:{PORTS['alertmanager']}/",
 ]
 
 
 PY = [sys.executable, "-m", "runwatch"]  # our own commands, in this interpreter
 
 
-def loopback(config: str) -> str:
+def loopback(config: str, ports: dict[str, int] = PORTS) -> str:
     """A config file's compose addresses (`http://pager:9095`) as the native lab has them: every
-    service on 127.0.0.1, on the same port."""
-    return re.sub(rf"//({'|'.join(map(re.escape, PORTS))}):(\d+)", r"//127.0.0.1:\2", config)
+    service on 127.0.0.1, at the port the lab gave it (by default, the same port)."""
+    return re.sub(rf"//({'|'.join(map(re.escape, PORTS))}):\d+", lambda m: f"//{LOOPBACK}:{ports[m[1]]}", config)
+
+
+def external(flags: list[str], url: str) -> list[str]:
+    """PROMETHEUS_FLAGS or ALERTMANAGER_FLAGS with the external URL of a lab on other ports."""
+    return [f"--web.external-url={url}/" if f.startswith("--web.external-url=") else f for f in flags]
 
 
 @dataclass
@@ -89,6 +99,27 @@ class Lab:
         self.targets = self.prometheus_dir / "targets"
         self.page_log = self.state / "pages.jsonl"
         self.runs = self.state / "runs"
+        self._ports: dict[str, int] | None = None  # set by `up` as it starts the lab
+
+    # --- where its components listen (runwatch.core.addresses): chosen by `up`, kept in lab.json ---
+
+    @property
+    def ports(self) -> dict[str, int]:
+        if self._ports is None:
+            return {name: int(u.rsplit(":", 1)[1]) for name, u in lab_urls(self.state).items()}
+        return self._ports
+
+    @ports.setter
+    def ports(self, ports: dict[str, int]) -> None:
+        self._ports = dict(ports)
+
+    def url(self, component: str) -> str:
+        """Where this lab serves a component: http://127.0.0.1:PORT."""
+        return url_at(self.ports[component])
+
+    def address(self, component: str) -> str:
+        """A component's target, as Prometheus scrapes it: 127.0.0.1:PORT."""
+        return f"{LOOPBACK}:{self.ports[component]}"
 
     # --- the configuration Prometheus reads: the repo's files, plus loopback targets ---
 
@@ -104,7 +135,7 @@ class Lab:
     def render_alertmanager_config(self) -> None:
         """Alertmanager's config as the repository has it, with loopback addresses."""
         self.alertmanager_yml.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.alertmanager_yml, loopback(self.layout.alertmanager_yml.read_text()))
+        write_atomic(self.alertmanager_yml, loopback(self.layout.alertmanager_yml.read_text(), self.ports))
 
     def write_target(self, job_file: str, addresses: list[str]) -> None:
         """Write targets/<job_file>.json atomically: file_sd must never read half a file."""
@@ -152,9 +183,8 @@ class Lab:
             comps.insert(1, self._control(args, run_id))
         return comps
 
-    @staticmethod
-    def _serving(name: str, argv: list[str], port: int, path: str = "") -> Component:
-        url = f"http://127.0.0.1:{port}"
+    def _serving(self, name: str, argv: list[str], path: str = "") -> Component:
+        url = self.url(name)
         return Component(name, argv, f"{url}/-/ready", f"{url}{path}")
 
     def _train_argv(self, run_id: str, seed: int, port: int, fast_forward: int) -> list[str]:
@@ -163,44 +193,47 @@ class Lab:
         return argv + (["--fast-forward", str(fast_forward)] if fast_forward else [])
 
     def _trainer(self, args: argparse.Namespace, run_id: str) -> Component:
-        argv = self._train_argv(run_id, args.seed, PORTS["trainer"], args.fast_forward)
+        argv = self._train_argv(run_id, args.seed, self.ports["trainer"], args.fast_forward)
         argv += ["--incident", args.incident, "--precision", args.precision]
         if args.onset is not None:
             argv += ["--onset", str(args.onset)]
         if args.incident == "random":  # the answer is drawn and sealed by `up`, never in argv
             argv += ["--sealed-answer", str(self.sealed_answer(run_id))]
         if args.ranks > 1:  # rank 0 serves the job's metrics on the trainer's port, as one process does
-            argv += ["--ranks", str(args.ranks), "--rank-port-base", str(RANK_PORT_BASE)]
-            argv += ["--launcher-port", str(LAUNCHER_PORT)]
-        return self._serving("trainer", argv, PORTS["trainer"], "/metrics")
+            argv += ["--ranks", str(args.ranks), "--rank-port-base", str(self.ports["ranks"])]
+            argv += ["--launcher-port", str(self.ports["launcher"])]
+        return self._serving("trainer", argv, "/metrics")
 
     def _control(self, args: argparse.Namespace, run_id: str) -> Component:
         """A healthy run of the same seed beside the incident's, on its own port."""
         control_id = f"none-{args.seed}-control-{run_id.rsplit('-', 1)[-1]}"
-        argv = self._train_argv(control_id, args.seed, CONTROL_PORT, args.fast_forward)
-        return self._serving("control", argv, CONTROL_PORT, "/metrics")
+        argv = self._train_argv(control_id, args.seed, self.ports["control"], args.fast_forward)
+        return self._serving("control", argv, "/metrics")
 
     def _pager(self) -> Component:
-        argv = [*PY, "pager-serve", "--port", str(PORTS["pager"]), "--log", str(self.page_log)]
-        argv += ["--runbooks", str(self.layout.runbooks_dir), "--prometheus", url_of("prometheus")]
-        return self._serving("pager", argv, PORTS["pager"], "/metrics")
+        argv = [*PY, "pager-serve", "--port", str(self.ports["pager"]), "--log", str(self.page_log)]
+        argv += ["--runbooks", str(self.layout.runbooks_dir), "--prometheus", self.url("prometheus")]
+        return self._serving("pager", argv, "/metrics")
 
     def _alertmanager(self) -> Component:
         argv = [binary("alertmanager"), f"--config.file={self.alertmanager_yml}"]
         argv += [f"--storage.path={self.state / 'alertmanager-data'}"]
-        argv += [f"--web.listen-address=127.0.0.1:{PORTS['alertmanager']}", *ALERTMANAGER_FLAGS]
+        argv += [f"--web.listen-address={self.address('alertmanager')}"]
+        argv += external(ALERTMANAGER_FLAGS, self.url("alertmanager"))
         # its API: Debian's Alertmanager has no web UI, and its root page says only that
-        return self._serving("alertmanager", argv, PORTS["alertmanager"], "/api/v2/alerts")
+        return self._serving("alertmanager", argv, "/api/v2/alerts")
 
     def _console(self) -> Component:
-        argv = [*PY, "console", "--port", str(PORTS["console"]), "--state-dir", str(self.state)]
-        return self._serving("console", argv, PORTS["console"], "/")
+        argv = [*PY, "console", "--port", str(self.ports["console"]), "--state-dir", str(self.state)]
+        for name in ("prometheus", "alertmanager", "pager"):
+            argv += [f"--{name}", self.url(name)]
+        return self._serving("console", argv, "/")
 
     def _prometheus(self) -> Component:
-        argv = [binary("prometheus"), f"--config.file={self.prometheus_dir / 'prometheus.yml'}"]
-        argv += [f"--storage.tsdb.path={self.state / 'prometheus-data'}"]
-        argv += [f"--web.listen-address=127.0.0.1:{PORTS['prometheus']}", *PROMETHEUS_FLAGS]
-        return self._serving("prometheus", argv, PORTS["prometheus"], "/api/v1/targets")  # no web UI: its API
+        config, tsdb = self.prometheus_dir / "prometheus.yml", self.state / "prometheus-data"
+        flags = external(PROMETHEUS_FLAGS, self.url("prometheus"))
+        argv = prometheus_argv(binary("prometheus"), config, tsdb, self.ports["prometheus"], *flags)
+        return self._serving("prometheus", argv, "/api/v1/targets")  # no web UI: its API
 
     def start(self, comp: Component) -> int:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -334,7 +367,27 @@ class _Interrupts:
 
 
 def _port_owner_error(name: str, port: int) -> UsageError:
-    return UsageError(f"port {port} is already in use ({name}): stop what holds it, or `runwatch down` a lab")
+    return UsageError(
+        f"port {port} is already in use ({name}): stop what holds it, `runwatch down` a lab, or move it with --ports"
+    )
+
+
+def choose_ports(asked: dict[str, int], ranks: int) -> dict[str, int]:
+    """Every component's port: the documented one unless --ports names it, 0 being a free port
+    (for the ranks, the first of `ranks` free ports in a row)."""
+    ports = {**DEFAULT_PORTS, **asked}
+    for name, port in ports.items():
+        if port == 0:
+            ports[name] = free_ports_in_a_row(ranks) if name == "ranks" else free_port()
+    return ports
+
+
+def add_ports(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ports", type=parse_ports, default={}, metavar="free|NAME=PORT,...",
+        help=f"move components off their documented ports ({', '.join(DEFAULT_PORTS)}; 0: a free port), "
+        "or `free` for all: labs in other state directories then run side by side",
+    )  # fmt: skip
 
 
 def check_run(args: argparse.Namespace) -> None:
@@ -378,33 +431,33 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
     if running:
         raise UsageError(f"a lab is already running in {lab.state} ({', '.join(running)}): `runwatch down` first")
     run_id = unique_run_id("drill" if args.incident == "random" else f"{args.incident}-{args.seed}")
+    lab.ports = ports = choose_ports(args.ports, args.ranks)
     comps = lab.components(args, run_id)  # finds the binaries first: a missing one says what to install
     for comp in comps:
-        port = int(comp.ready_url.rsplit(":", 1)[1].split("/")[0])
-        if not port_is_free(port):
-            raise _port_owner_error(comp.name, port)
+        if not port_is_free(ports[comp.name]):
+            raise _port_owner_error(comp.name, ports[comp.name])
     for rank in range(args.ranks if args.ranks > 1 else 0):  # one rank serves on the trainer's port
-        if not port_is_free(RANK_PORT_BASE + rank):
-            raise _port_owner_error(f"trainer rank {rank}", RANK_PORT_BASE + rank)
-    if args.ranks > 1 and not port_is_free(LAUNCHER_PORT):
-        raise _port_owner_error("trainer launcher", LAUNCHER_PORT)
+        if not port_is_free(ports["ranks"] + rank):
+            raise _port_owner_error(f"trainer rank {rank}", ports["ranks"] + rank)
+    if args.ranks > 1 and not port_is_free(ports["launcher"]):
+        raise _port_owner_error("trainer launcher", ports["launcher"])
     for stale in lab.records():
         (lab.pids / f"{stale}.json").unlink()
     lab.link_config()
-    lab.write_target(
-        "trainer", [f"127.0.0.1:{PORTS['trainer']}"] + ([f"127.0.0.1:{CONTROL_PORT}"] if args.control else [])
-    )
+    lab.write_target("trainer", [lab.address("trainer")] + ([lab.address("control")] if args.control else []))
     cluster = args.ranks > 1
-    lab.write_groups("ranks", rank_targets(run_id, args.ranks, RANK_PORT_BASE) if cluster else [])
-    lab.write_target("launcher", [f"127.0.0.1:{LAUNCHER_PORT}"] if cluster else [])
+    lab.write_groups("ranks", rank_targets(run_id, args.ranks, ports["ranks"]) if cluster else [])
+    lab.write_target("launcher", [lab.address("launcher")] if cluster else [])
     for name in ("prometheus", "alertmanager", "pager"):
-        lab.write_target(name, [f"127.0.0.1:{PORTS[name]}"])
+        lab.write_target(name, [lab.address(name)])
     if args.incident == "random":
         lab.seal_drill(run_id, args.drill_seed, args.seed, args.ranks)
-    # started_at: `runwatch pager` shows this lab's pages, not those of earlier labs
-    record = {"run_id": run_id, "root": str(lab.layout.root), "started_at": time.time()}
+    # started_at: `runwatch pager` shows this lab's pages, not those of earlier labs; urls: where
+    # every command that talks to this lab finds it (runwatch.core.addresses)
+    urls = {name: lab.url(name) for name in ports}
+    record = {"run_id": run_id, "root": str(lab.layout.root), "started_at": time.time(), "urls": urls}
     write_atomic(lab.state / "lab.json", json.dumps(record) + "\n")
-    print(f"console: {url_of('console')}/ (the run, its pages and runbooks, ack and diagnose)", flush=True)
+    print(f"console: {lab.url('console')}/ (the run, its pages and runbooks, ack and diagnose)", flush=True)
     try:
         for comp in comps:
             lab.start(comp)

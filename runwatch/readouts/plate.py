@@ -11,8 +11,8 @@ from pathlib import Path
 
 import requests
 
+from runwatch.core.addresses import lab_url
 from runwatch.core.command import Command, UsageError, check_writable, number
-from runwatch.core.names import url
 from runwatch.prom.server import PromQLError
 from runwatch.readouts.picture import collect, draw, latest_run
 
@@ -20,7 +20,7 @@ from runwatch.readouts.picture import collect, draw, latest_run
 def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--run", default=None, help="run_id to draw (default: the lab's run, else the newest)")
     p.add_argument("--state-dir", type=Path, default=Path(".runwatch"), help="the lab whose run is the default")
-    p.add_argument("--prometheus", default=url("prometheus"), help="Prometheus to query")
+    p.add_argument("--prometheus", default=None, help="Prometheus to query (default: the lab's, from its state dir)")
     p.add_argument(
         "--since", type=number(float, 0, 30 * 24 * 60, low_open=True), default=20, metavar="MINUTES",
         help="how far back to look (default 20; at most Prometheus's 30 days)",
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
 
 def run(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out")
-    base = args.prometheus.rstrip("/")
+    base = (args.prometheus or lab_url(args.state_dir, "prometheus")).rstrip("/")
     try:
         requests.get(f"{base}/-/ready", timeout=3).raise_for_status()
     except requests.RequestException as err:
