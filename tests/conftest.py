@@ -1,6 +1,7 @@
 """Shared helpers: real binaries and free loopback ports."""
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from runwatch.core.command import UsageError
 from runwatch.core.paths import REPO
@@ -26,7 +28,7 @@ from runwatch.prom.tools import BINARIES, binary
 # tier may start no child process (see _no_children): a test left unmarked that needs one fails
 # at once, naming the mark it needs, rather than slipping into `make test-unit` and slowing it.
 TIERS = ("unit", "integration", "e2e")
-LAB_FIXTURES = {"lab", "lab_session", "lab_factory"}
+LAB_FIXTURES = {"lab", "lab_factory", "lab_state"}
 TIER = pytest.StashKey[str]()
 
 
@@ -43,15 +45,32 @@ def tier_of(item: pytest.Item) -> str:
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Give each test its tier's marker as it is collected, before `-m` selects by it."""
-    if item.get_closest_marker("compose"):
+    if item.get_closest_marker("compose"):  # its own tier: make test-compose
+        if any(item.get_closest_marker(t) for t in TIERS):
+            raise pytest.UsageError(f"{item.nodeid}: marked compose and another tier; a test is in one tier")
         return
     tier = tier_of(item)
     item.stash[TIER] = tier
     if not item.get_closest_marker(tier):
         item.add_marker(tier)
-    # Until the lab takes injectable ports: every test of the session lab on one worker.
-    if "lab_session" in getattr(item, "fixturenames", ()):
-        item.add_marker(pytest.mark.xdist_group("fixed-ports"))
+    # The shared lab's readers, file by file, on one worker each: its lab warms up once a file.
+    if "lab" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.xdist_group(f"shared-lab-{item.path.stem}"))
+
+
+# The order xdist hands tests out in (none depends on it): the longest first, so that none starts
+# last; then the e2e tier, which mostly waits on the lab clock (one step a second), dealt in turn
+# with the integration tier, which mostly computes, so the cores stay busy while labs wait; the
+# short unit tests fill the end.
+FIRST = ("tests/test_install.py",)  # a wheel into a fresh venv: the longest integration test
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = [i for i in items if i.nodeid.startswith(FIRST)]
+    tier = {t: [i for i in items if i.stash.get(TIER, "") == t and i not in first] for t in TIERS}
+    dealt = [i for pair in itertools.zip_longest(tier["e2e"], tier["integration"]) for i in pair if i is not None]
+    rest = [i for i in items if i not in first and i.stash.get(TIER, "") not in TIERS]  # compose's
+    items[:] = first + dealt + tier["unit"] + rest
 
 
 @pytest.hookimpl(wrapper=True)
@@ -143,6 +162,28 @@ def wait_for(predicate, timeout: float, what: str):
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
+def metric(base: str, name: str, **labels: str) -> float:
+    """The sum of a server's own samples of one metric (its /metrics), those with these labels:
+    what a negative check polls, rather than sleeping (a counter says the thing has happened)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"{base}/metrics", timeout=5).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def holds(predicate, seconds: float, what: str) -> None:
+    """predicate stays true for `seconds` (a bound the test takes from the configuration)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert predicate(), what
+        time.sleep(0.2)
+
+
 # Every loopback address the project writes, in a file a learner reads or a page they get.
 LINK = re.compile(r"http://127\.0\.0\.1:(\d+)[^\s`)'\"<>|,*]*")
 GRAFANA_PORT = 3000  # compose's Grafana: the native lab has none, and the compose test does not start it
@@ -161,61 +202,77 @@ def project_links() -> dict[str, set[str]]:
     return found
 
 
-class LabSession:
-    """The session's native lab, on the default ports, over a copy of the configuration: an
-    incident run (corrupt_shard, fast-forwarded near its onset) and a healthy control, both in
-    mixed precision so that every dashboard panel, Lesson 20's included, has data.
+class LabStart:
+    """`runwatch up --detach` of a lab of its own: free ports (`--ports free`), its own state
+    directory, over its own copy of the configuration (a test may edit its rules). Started at
+    once and waited for by `wait`, so that several labs warm up together."""
 
-    Started on first use; tests that need the ports for a lab of their own (drills) stop it,
-    and the next test that asks for it starts a fresh one.
-    """
+    def __init__(self, root: Path, *up_args: str):
+        for d in ("prometheus", "alertmanager", "runbooks"):
+            shutil.copytree(REPO / d, root / d)
+        self.root, self.state = root, root / "state"
+        argv = [sys.executable, "-m", "runwatch", "up", "--root", str(root), "--state-dir", str(self.state)]
+        self.proc = subprocess.Popen(
+            [*argv, "--ports", "free", "--detach", *up_args], cwd=root, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self.lab: Lab | None = None
 
-    def __init__(self, tmp_path_factory):
-        self.factory, self.lab = tmp_path_factory, None
-
-    def start(self) -> Lab:
+    def wait(self) -> Lab:
         if self.lab is None:
-            root = self.factory.mktemp("checkout")
-            for d in ("prometheus", "alertmanager", "runbooks"):
-                shutil.copytree(REPO / d, root / d)
-            state = root / "state"
-            res = runwatch(
-                "up", "--root", str(root), "--state-dir", str(state), "--incident", "corrupt_shard",
-                "--fast-forward", "270", "--control", "--precision", "fp16", "--detach", cwd=root,
-            )  # fmt: skip
-            assert res.returncode == 0, res.stdout + res.stderr
-            lab = Lab(state, root)
-            lab.cwd = root
-            lab.run_id = json.loads((state / "lab.json").read_text())["run_id"]
+            out, _ = self.proc.communicate(timeout=120)
+            assert self.proc.returncode == 0, out
+            lab = Lab(self.state, self.root)
+            lab.cwd = self.root
+            lab.run_id = json.loads((self.state / "lab.json").read_text())["run_id"]
             self.lab = lab
         return self.lab
 
     def stop(self) -> None:
-        if self.lab is not None:
-            res = runwatch("down", "--state-dir", str(self.lab.state), cwd=self.lab.cwd)
-            assert res.returncode == 0, res.stdout + res.stderr
-            self.lab = None
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        res = runwatch("down", "--state-dir", str(self.state), cwd=self.root)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.fixture
+def lab_factory(tmp_path_factory):
+    """start(*up_args) -> LabStart: labs of this test's own, stopped when it ends."""
+    started: list[LabStart] = []
+
+    def start(*up_args: str) -> LabStart:
+        started.append(LabStart(tmp_path_factory.mktemp("lab"), *up_args))
+        return started[-1]
+
+    yield start
+    for one in started:
+        one.stop()
+
+
+@pytest.fixture
+def lab_state(tmp_path) -> Path:
+    """A state directory for a lab the test starts itself (`runwatch up` or `drill`, on free
+    ports); whatever a failure left running in it is stopped."""
+    yield tmp_path / "state"
+    runwatch("down", "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
+
+
+# The lab its readers share, one per xdist worker: an incident run (corrupt_shard, fast-forwarded
+# near its onset) and a healthy control, both in mixed precision so that every dashboard panel,
+# Lesson 20's included, has data. Its readers add what they need beside it (a trainer of their
+# own, with its own run id and target; a page of their own run) and never stop or edit what it
+# runs: a test that does uses a lab of its own (lab_factory).
+SHARED_LAB = ("--incident", "corrupt_shard", "--fast-forward", "270", "--control", "--precision", "fp16")
 
 
 @pytest.fixture(scope="session")
-def lab_session(tmp_path_factory):
-    session = LabSession(tmp_path_factory)
-    yield session
-    session.stop()
-
-
-@pytest.fixture
-def lab(lab_session) -> Lab:
-    return lab_session.start()
-
-
-@pytest.fixture
-def no_lab(lab_session) -> None:
-    """Free the default ports for a test that starts its own lab."""
-    lab_session.stop()
-
-
-CONSOLE = "http://127.0.0.1:9096"
+def lab(tmp_path_factory) -> Lab:
+    one = LabStart(tmp_path_factory.mktemp("shared-lab"), *SHARED_LAB)
+    try:
+        yield one.wait()
+    finally:
+        one.stop()
 
 
 @pytest.fixture(scope="session")

@@ -37,11 +37,12 @@ import requests
 from runwatch.core.names import FIRST_FIRED
 from runwatch.prom.server import instant, query_range
 from tests.compose_runtime import Runtime
-from tests.conftest import CONSOLE, GRAFANA_PORT, LINK, project_links, wait_for
+from tests.conftest import GRAFANA_PORT, LINK, project_links, wait_for
 
 pytestmark = pytest.mark.compose
 
 PROM, AM = "http://127.0.0.1:9090", "http://127.0.0.1:9093"
+CONSOLE = "http://127.0.0.1:9096"  # compose publishes every port as documented
 SERVICES = ("trainer", "pager", "alertmanager", "prometheus", "console")  # all but grafana
 INCIDENT = {"RUNWATCH_INCIDENT": "corrupt_shard", "RUNWATCH_FAST_FORWARD": "270"}
 GROUP_INTERVAL_S = 5  # alertmanager.yml: the retry of an undelivered page, the wait for a duplicate

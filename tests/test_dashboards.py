@@ -2,7 +2,8 @@
 
 No Grafana runs here, so the proof is this: every panel target, annotation query and template
 variable of every dashboard is executed against the session's live Prometheus, holding a real
-corrupt_shard run past its onset, with Grafana's variables substituted as Grafana would.
+corrupt_shard run past its onset (the worker's shared lab), with Grafana's variables substituted
+as Grafana would.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from runwatch.console.sources import Sources
 from runwatch.core.names import FIRST_FIRED
 from runwatch.core.paths import REPO
 from runwatch.oncall.pager import read_pages
-from runwatch.prom.server import Process, free_port, instant
+from runwatch.prom.server import Process, free_port, instant, prometheus_argv
 from runwatch.readouts import dashboard_queries as dq
 from runwatch.readouts.picture import collect, draw, windows
 from runwatch.trainer.config import TrainConfig
@@ -31,7 +32,6 @@ from runwatch.trainer.run import Trainer
 from tests.conftest import need, runwatch, wait_for
 from tests.test_lab_e2e import ExtraTrainer
 
-PROM = "http://127.0.0.1:9090"
 ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")
 DASHBOARDS = REPO / "grafana" / "dashboards"
 FILES = sorted(DASHBOARDS.glob("*.json"))
@@ -93,8 +93,9 @@ def test_substitution_as_grafana_does_it():
 @pytest.fixture
 def incident(lab):
     """The session lab's corrupt_shard run, once it is 15 steps past its onset and has paged."""
+    prom = lab.url("prometheus")
     wait_for(
-        lambda: instant(PROM, f'runwatch_train_step{{run_id="{lab.run_id}"}} >= 315'), 90, "the run to pass step 315"
+        lambda: instant(prom, f'runwatch_train_step{{run_id="{lab.run_id}"}} >= 315'), 90, "the run to pass step 315"
     )
     return lab
 
@@ -105,11 +106,12 @@ def lab_start(lab) -> float:
 
 
 def run_all(lab, path):
+    prom = lab.url("prometheus")
     end = time.time()
     start = lab_start(lab)  # Grafana's range would cover the run
     results = {}
     for q in dq.queries(dq.load(path)):
-        results[(q.kind, q.title, q.ref)] = (q, dq.run(PROM, q, {"run": lab.run_id}, start, end))
+        results[(q.kind, q.title, q.ref)] = (q, dq.run(prom, q, {"run": lab.run_id}, start, end))
     return results
 
 
@@ -163,10 +165,11 @@ def test_the_watching_a_run_queries_say_what_they_should(incident):
 def test_every_readout_is_the_first_fire_recorded_once(incident, tmp_path):
     """The record alerts.yml writes when an alert fires is what the page says, what the
     dashboard's readouts and table say at any time range, and what the plate prints."""
+    prom = incident.url("prometheus")
     run = incident.run_id
     wait_for(lambda: paged(incident, "GradientNormJump"), 60, "GradientNormJump to page")
     record = {
-        r["metric"]["alertname"]: int(float(r["value"][1])) for r in instant(PROM, f'{FIRST_FIRED}{{run_id="{run}"}}')
+        r["metric"]["alertname"]: int(float(r["value"][1])) for r in instant(prom, f'{FIRST_FIRED}{{run_id="{run}"}}')
     }
     assert {"TrainingLossJump", "GradientNormJump"} <= set(record) and "HeldOutGap" not in record
     assert 300 <= record["GradientNormJump"] <= 302, record
@@ -186,11 +189,11 @@ def test_every_readout_is_the_first_fire_recorded_once(incident, tmp_path):
             q.legend: int(float(r[0]["value"][1]))
             for q in dq.queries(dq.load(path))
             if q.kind == "panel" and q.title.startswith("Readouts: step")
-            for r in [dq.run(PROM, q, {"run": run}, start, end)]
+            for r in [dq.run(prom, q, {"run": run}, start, end)]
         }
         assert {a: s for a, s in readouts.items() if s != -1} == {a: record[a] for a in readouts if a in record}
 
-    assert {a: s for a, s in collect(PROM, run, since_s=600).readouts.items() if s is not None} == {
+    assert {a: s for a, s in collect(prom, run, since_s=600).readouts.items() if s is not None} == {
         a: s for a, s in record.items() if a in ALERTS
     }
 
@@ -204,17 +207,18 @@ def test_the_newest_run_is_the_default_and_a_finished_run_says_when_it_ended(inc
     """Grafana's default is the $run variable's first option: the runs come newest first, by
     start time (their ids sort by incident). The Run panel gives each run's step, and an end
     time only once the run has finished its last step."""
-    short = ExtraTrainer(incident, "short", 8107, "--steps", "325", "--fast-forward", "315")
+    prom = incident.url("prometheus")
+    short = ExtraTrainer(incident, "short", "--steps", "325", "--fast-forward", "315")
     try:
-        wait_for(lambda: instant(PROM, f'runwatch_train_run_end_time_seconds{{run_id="{short.run_id}"}}'), 60,
+        wait_for(lambda: instant(prom, f'runwatch_train_run_end_time_seconds{{run_id="{short.run_id}"}}'), 60,
                  "the short run to finish")  # fmt: skip
         path = DASHBOARDS / "watching-a-run.json"
         queries = dq.queries(dq.load(path))
         [variable] = [q for q in queries if q.kind == "variable"]
         end = time.time()
-        runs = [r["metric"]["value"] for r in dq.run(PROM, variable, {}, end - 900, end)]
+        runs = [r["metric"]["value"] for r in dq.run(prom, variable, {}, end - 900, end)]
         started = [
-            float(instant(PROM, f'runwatch_train_run_start_time_seconds{{run_id="{r}"}}', end)[0]["value"][1])
+            float(instant(prom, f'runwatch_train_run_start_time_seconds{{run_id="{r}"}}', end)[0]["value"][1])
             for r in runs
         ]
         assert runs[0] == short.run_id and incident.run_id in runs
@@ -223,7 +227,7 @@ def test_the_newest_run_is_the_default_and_a_finished_run_says_when_it_ended(inc
         def run_panel(run: str) -> dict[str, float]:
             shown = {}
             for q in (q for q in queries if q.kind == "panel" and q.title == "Run"):
-                for r in dq.run(PROM, q, {"run": run}, end - 900, end):
+                for r in dq.run(prom, q, {"run": run}, end - 900, end):
                     shown[q.legend] = float(r["value"][1])
             return shown
 
@@ -238,23 +242,24 @@ def test_the_step_panel_draws_each_step_as_trained_and_every_held_out_dot_at_lon
     """The trend panel's drawing (each curve joined by time to the step): every point sits at
     the step whose loss the trainer computed, and the held-out dots stay, one per evaluation,
     at a 2-hour range as at the run's own; so do the time panel's."""
+    prom = incident.url("prometheus")
     run = incident.run_id
     config = json.loads((incident.runs / run / "run.json").read_text())["config"]
     trainer = Trainer(TrainConfig(**config))
     trained = {}
-    now = int(float(instant(PROM, f'runwatch_train_step{{run_id="{run}"}}')[0]["value"][1]))
+    end = time.time()  # the queries' end, fixed first: the run goes on while this trains its steps
+    now = int(float(instant(prom, f'runwatch_train_step{{run_id="{run}"}}', end)[0]["value"][1]))
     while trainer.next_step <= now:
         rec = trainer.step()
         trained[rec.step] = rec
 
     path = DASHBOARDS / "watching-a-run.json"
-    end = time.time()
     dots, time_dots = {}, {}
     for label, start in (("run", lab_start(incident)), ("2h", end - 7200)):
         drawn = {}
         for q in dq.queries(dq.load(path)):
             if q.kind == "panel" and q.title == "Training loss by step (the plate's x axis)":
-                [series] = dq.run(PROM, q, {"run": run}, start, end) or [{"values": []}]
+                [series] = dq.run(prom, q, {"run": run}, start, end) or [{"values": []}]
                 drawn[q.legend] = series["values"]
         by_step = dq.by_field(drawn, "step")
         loss = by_step["training loss"]
@@ -267,7 +272,7 @@ def test_the_step_panel_draws_each_step_as_trained_and_every_held_out_dot_at_lon
             assert value == pytest.approx(trained[int(step)].heldout_loss, rel=1e-9), step
         dots[label] = {int(s) for s, _ in held}
         [[time_panel]] = [
-            dq.run(PROM, q, {"run": run}, start, end)
+            dq.run(prom, q, {"run": run}, start, end)
             for q in dq.queries(dq.load(path))
             if q.kind == "panel" and q.title.startswith("Training loss (thin)") and q.legend == "held-out loss"
         ]
@@ -277,14 +282,16 @@ def test_the_step_panel_draws_each_step_as_trained_and_every_held_out_dot_at_lon
 
 
 def instant_range(lab):
+    prom = lab.url("prometheus")
     end = time.time()
-    return dq.run(PROM, dq.Query("panel", "", "", f'runwatch_train_step{{run_id="{lab.run_id}"}}'), {}, end - 60, end)[
+    return dq.run(prom, dq.Query("panel", "", "", f'runwatch_train_step{{run_id="{lab.run_id}"}}'), {}, end - 60, end)[
         0
     ]["values"]
 
 
 def test_the_plate_picture_from_the_live_run(incident, tmp_path):
-    data = collect(PROM, incident.run_id, since_s=600)
+    prom = incident.url("prometheus")
+    data = collect(prom, incident.run_id, since_s=600)
     assert data.readouts["GradientNormJump"] in (300, 301) and data.readouts["HeldOutGap"] is None
     assert {"training loss", "held-out loss"} <= set(data.series["loss"])
     steps = [s for s, _ in data.series["loss"]["training loss"]]
@@ -310,16 +317,17 @@ def test_throughput_is_flat_on_a_healthy_run_and_drops_below_the_threshold_on_a_
     """The drawn series, not only the query: a healthy run (the corrupt shard's throughput is
     healthy) stays flat, where rate() of the token counter showed drops of a third, to 44k;
     a slow node's steps from the onset fall 30%, below the dashed ThroughputDrop threshold."""
-    healthy = [v for _, v in throughput(collect(PROM, incident.run_id, since_s=600))]
+    prom = incident.url("prometheus")
+    healthy = [v for _, v in throughput(collect(prom, incident.run_id, since_s=600))]
     middle = sorted(healthy)[len(healthy) // 2]
     # Flat: its 2% jitter (6% at three sigmas), and a step woken late on a loaded machine (8%
     # seen while the suite's other worker ran four MPI ranks): within 15%, far from a third.
     assert len(healthy) > 40 and all(0.85 < v / middle < 1.15 for v in healthy), (min(healthy), max(healthy))
 
-    slow = ExtraTrainer(incident, "slow", 8106, "--incident", "slow_node", "--fast-forward", "280")
+    slow = ExtraTrainer(incident, "slow", "--incident", "slow_node", "--fast-forward", "280")
     try:
         wait_for(lambda: slow.step() >= 307, 60, "seven steps of the slow node")
-        data = collect(PROM, slow.run_id, since_s=600)
+        data = collect(prom, slow.run_id, since_s=600)
     finally:
         slow.close()
     before = [v for step, v in throughput(data) if step < 300]
@@ -343,10 +351,28 @@ def test_incident_windows_join_across_unscraped_steps_only():
 
 
 def test_plate_command_line(incident, tmp_path):
-    res = runwatch("plate", "--run", incident.run_id, "--out", str(tmp_path / "p.png"), cwd=tmp_path)
+    res = runwatch(
+        "plate",
+        "--state-dir",
+        str(incident.state),
+        "--run",
+        incident.run_id,
+        "--out",
+        str(tmp_path / "p.png"),
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert "GradientNormJump 30" in res.stdout
-    res = runwatch("plate", "--run", "no-such-run", "--out", str(tmp_path / "q.png"), cwd=tmp_path)
+    res = runwatch(
+        "plate",
+        "--state-dir",
+        str(incident.state),
+        "--run",
+        "no-such-run",
+        "--out",
+        str(tmp_path / "q.png"),
+        cwd=tmp_path,
+    )
     assert res.returncode == 2 and "--run" in res.stderr and not (tmp_path / "q.png").exists()
     res = runwatch("plate", "--out", str(tmp_path / "missing" / "p.png"), cwd=tmp_path)
     assert res.returncode == 2 and "--out" in res.stderr
@@ -372,9 +398,8 @@ def crashed_cluster(tmp_path_factory):
     assert res.returncode == 0, res.stderr
     port = free_port()
     (tmp / "prometheus.yml").write_text("global: {}\n")
-    argv = [need("prometheus"), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-            "--storage.tsdb.retention.time=100y", f"--web.listen-address=127.0.0.1:{port}",
-            "--query.lookback-delta=3s"]  # fmt: skip
+    argv = prometheus_argv(need("prometheus"), tmp / "prometheus.yml", tmp / "data", port,
+                           "--storage.tsdb.retention.time=100y", "--query.lookback-delta=3s")  # fmt: skip
     with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp / "prometheus.log"):
         yield cfg, run, f"http://127.0.0.1:{port}"
 

@@ -1,8 +1,7 @@
 """Stopping a lab: a foreground `runwatch up` stops everything it started on SIGTERM, as on Ctrl-C,
 and returns when `runwatch down` in another shell has stopped its lab.
 
-Its own lab on the default ports (`no_lab`); this file sorts right after the drills, which
-free those ports too, so the session's lab is not restarted for it.
+Each test's lab is its own, on free ports (`--ports free`), its addresses in its lab.json.
 """
 
 from __future__ import annotations
@@ -14,16 +13,17 @@ import sys
 import pytest
 import requests
 
-from runwatch.core.names import PORTS
 from runwatch.lab.supervise import Lab
 from runwatch.prom.server import port_is_free
 from tests.conftest import runwatch
+
+UP = [sys.executable, "-m", "runwatch", "up", "--ports", "free"]
 
 
 def foreground_up(state) -> tuple[subprocess.Popen, str]:
     """A foreground `runwatch up` that has started its lab, and what it printed while starting."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runwatch", "up", "--state-dir", str(state)],
+        [*UP, "--state-dir", str(state)],
         cwd=state.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     printed = ""
@@ -37,9 +37,9 @@ def foreground_up(state) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.fixture
-def state(no_lab, tmp_path):
-    yield tmp_path / "state"
-    runwatch("down", "--state-dir", str(tmp_path / "state"), cwd=tmp_path)  # whatever a failure left
+def state(lab_state):
+    lab_state.parent.mkdir(parents=True, exist_ok=True)
+    return lab_state
 
 
 def test_foreground_up_returns_after_down_from_another_shell(state, tmp_path):
@@ -71,11 +71,11 @@ def test_foreground_up_stops_every_component_on_sigterm(state):
 def test_sigterm_while_starting_stops_what_had_started(state):
     """`kill` between two components' starts: the started ones are stopped, none is orphaned."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runwatch", "up", "--state-dir", str(state), "--detach"],
+        [*UP, "--state-dir", str(state), "--detach"],
         cwd=state.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        assert proc.stdout.readline().startswith("console: http://127.0.0.1:9096/")  # its URL first
+        assert proc.stdout.readline().startswith(f"console: {Lab(state).url('console')}/")  # its URL first
         assert proc.stdout.readline().startswith("  trainer")  # printed once the trainer is ready
         records = Lab(state).records()
         proc.send_signal(signal.SIGTERM)
@@ -86,4 +86,7 @@ def test_sigterm_while_starting_stops_what_had_started(state):
     assert records and not any(Lab.alive(r) for r in records.values())
     assert Lab(state).records() == {}
     # and nothing started after the trainer was left behind: every port of the lab is free again
-    assert [name for name in PORTS if not port_is_free(PORTS[name])] == []
+    ports = Lab(state).ports
+    assert [
+        name for name in ("trainer", "pager", "alertmanager", "prometheus", "console") if not port_is_free(ports[name])
+    ] == []

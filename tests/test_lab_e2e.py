@@ -1,11 +1,10 @@
 """The live lab end to end, with the real binaries: `runwatch up`, pages, faults, `down`.
 
-The lab is the session's (tests/conftest.py).
-
-One lab (Prometheus, Alertmanager, pager, an incident trainer and its healthy control) serves
-every scenario; each fault scenario adds its own trainer, with its own run id, as a second
-target of the trainer job, so the scenarios share one Prometheus. The lab runs on the default
-ports, so these tests run one after another.
+Every lab here takes free ports and a state directory of its own (tests/conftest.py). The
+readers share their worker's lab (Prometheus, Alertmanager, pager, an incident trainer and its
+healthy control), each adding what it needs beside it: a trainer of its own, with its own run id,
+as another target of the trainer job. A scenario that stops, restarts or reconfigures part of
+a lab starts a lab of its own.
 """
 
 from __future__ import annotations
@@ -14,18 +13,19 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from runwatch.backtest.backtest import duration_seconds
+from runwatch.core.addresses import DEFAULT_PORTS
 from runwatch.lab.supervise import Component, Lab
 from runwatch.oncall.pager import RUNBOOK_BASE, WATCHDOG_TIMEOUT_S, read_pages, received_time
-from runwatch.prom.server import instant, wait_ready
-from tests.conftest import GRAFANA_PORT, LINK, edit, project_links, runwatch, threshold, wait_for
+from runwatch.prom.server import free_port, free_ports_in_a_row, instant, wait_ready
+from tests.conftest import GRAFANA_PORT, LINK, edit, holds, metric, project_links, runwatch, threshold, wait_for
 
-PROM = "http://127.0.0.1:9090"
 TRAINING_ALERTS = {"TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop"}
 
 
@@ -39,12 +39,26 @@ def pages(lab: Lab, run_id: str | None = None, alert: str | None = None, status:
     ]
 
 
+def alertmanager_config(lab: Lab) -> dict:
+    return yaml.safe_load(lab.alertmanager_yml.read_text())
+
+
+def group_interval_s(lab: Lab) -> float:
+    """How long after a page Alertmanager would send that group again (a duplicate, were there
+    one): its route's group_interval, plus one rule evaluation."""
+    route = alertmanager_config(lab)["route"]
+    interval = yaml.safe_load((Path(lab.layout.prometheus_yml)).read_text())["global"]["evaluation_interval"]
+    return duration_seconds(route["group_interval"]) + duration_seconds(interval)
+
+
 class ExtraTrainer:
     """A trainer of its own for one scenario, added to the trainer job through file_sd."""
 
-    def __init__(self, lab: Lab, name: str, port: int, *args: str):
-        self.lab, self.name, self.port = lab, name, port
+    def __init__(self, lab: Lab, name: str, *args: str):
+        self.lab, self.name, self.port = lab, name, free_port()
+        self.prometheus = lab.url("prometheus")
         self.run_id = f"e2e-{name}"
+        port = self.port
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runwatch", "train", "--port", str(port), "--run-id", self.run_id,
              "--run-dir", str(lab.runs / self.run_id), *args],
@@ -52,10 +66,11 @@ class ExtraTrainer:
         )  # fmt: skip
         assert wait_ready(f"http://127.0.0.1:{port}/-/ready", 20, self.proc)
         lab.write_target(f"trainer-{name}", [f"127.0.0.1:{port}"])
-        wait_for(lambda: instant(PROM, f'up{{instance="127.0.0.1:{port}"}} == 1'), 30, f"{name} to be scraped")
+        up = f'up{{instance="127.0.0.1:{port}"}} == 1'
+        wait_for(lambda: instant(self.prometheus, up), 30, f"{name} to be scraped")
 
     def step(self) -> int:
-        found = instant(PROM, f'runwatch_train_step{{run_id="{self.run_id}"}}')
+        found = instant(self.prometheus, f'runwatch_train_step{{run_id="{self.run_id}"}}')
         return int(float(found[0]["value"][1])) if found else -1
 
     def close(self) -> None:
@@ -65,13 +80,16 @@ class ExtraTrainer:
             self.proc.wait(10)
 
 
-def firing_in_prometheus(alert: str, run_id: str) -> bool:
-    return bool(instant(PROM, f'ALERTS{{alertname="{alert}",run_id="{run_id}",alertstate="firing"}}'))
+def firing_in_prometheus(lab: Lab, alert: str, run_id: str) -> bool:
+    query = f'ALERTS{{alertname="{alert}",run_id="{run_id}",alertstate="firing"}}'
+    return bool(instant(lab.url("prometheus"), query))
 
 
 def test_status_reports_every_component_ready(lab):
     step = f'runwatch_train_step{{run_id="{lab.run_id}"}}'
-    wait_for(lambda: instant(PROM, step), 30, "the first scrape of the run")  # before it, status says so
+    wait_for(
+        lambda: instant(lab.url("prometheus"), step), 30, "the first scrape of the run"
+    )  # before it, status says so
     res = runwatch("status", "--state-dir", str(lab.state), cwd=lab.cwd)
     assert res.returncode == 0, res.stdout
     for name in ("trainer", "control", "pager", "alertmanager", "prometheus", "console"):
@@ -83,7 +101,9 @@ def test_status_reports_every_component_ready(lab):
 def test_every_link_the_project_writes_or_prints_opens_on_the_native_lab(lab):
     """README, the lab guide, the runbooks, the rules' annotations, the dashboards' links,
     `runwatch status` and the page lines: each address answers 200 here (Debian's Prometheus 3
-    and Alertmanager serve no web UI, so nothing links into one)."""
+    and Alertmanager serve no web UI, so nothing links into one). They name the documented
+    ports; this lab serves each component at the port it took instead."""
+    moved = {str(port): str(lab.ports[name]) for name, port in DEFAULT_PORTS.items()}
     wait_for(lambda: pages(lab, lab.run_id), 90, "the incident's first page")
     links = project_links()
     printed = runwatch("status", "--state-dir", str(lab.state), cwd=lab.cwd).stdout
@@ -93,10 +113,12 @@ def test_every_link_the_project_writes_or_prints_opens_on_the_native_lab(lab):
     assert len(links) > 20 and any("printed by runwatch" in w for w in links.values())
     broken = {}
     for url, where in sorted(links.items()):
-        if int(LINK.match(url)[1]) == GRAFANA_PORT:
+        port = LINK.match(url)[1]
+        if int(port) == GRAFANA_PORT:
             continue
+        here = url.replace(f"127.0.0.1:{port}", f"127.0.0.1:{moved.get(port, port)}", 1)
         try:
-            status = requests.get(url, timeout=10).status_code  # redirects followed, as a browser does
+            status = requests.get(here, timeout=10).status_code  # redirects followed, as a browser does
         except requests.RequestException as err:
             status = type(err).__name__
         if status != 200:
@@ -116,17 +138,18 @@ def test_corrupt_shard_pages_loss_and_gradient_norm_at_the_onset(lab):
 
 
 def test_killed_trainer_pages_trainer_down_within_15s(lab):
-    extra = ExtraTrainer(lab, "killed", 8102)
+    extra = ExtraTrainer(lab, "killed")
+    instance = f"127.0.0.1:{extra.port}"
     extra.proc.kill()
     extra.proc.wait()
     killed_at = time.monotonic()
     page = wait_for(
-        lambda: [p for p in pages(lab, alert="TrainerDown") if p["labels"].get("instance") == "127.0.0.1:8102"],
+        lambda: [p for p in pages(lab, alert="TrainerDown") if p["labels"].get("instance") == instance],
         30,
         "a TrainerDown page",
     )[0]
     assert time.monotonic() - killed_at <= 15
-    assert "127.0.0.1:8102" in page["summary"]
+    assert instance in page["summary"]
     extra.close()
 
 
@@ -140,28 +163,31 @@ def test_a_cluster_run_joins_the_lab_each_rank_a_target_of_its_own(lab):
     """Four ranks over MPI join the running lab as `runwatch up --ranks 4` adds them: the job's
     metrics on the trainer job, each rank on the ranks job (targets/ranks*.json), labelled with
     its rank and node, its GPU with DCGM's labels."""
-    run_id, base = "e2e-ranks", 8110
+    run_id, job_port, base = "e2e-ranks", free_port(), free_ports_in_a_row(4)
+    prom = lab.url("prometheus")
     proc = subprocess.Popen(
         [sys.executable, "-m", "runwatch", "train", "--ranks", "4", "--incident", "straggler", "--onset", "5",
-         "--port", "8106", "--rank-port-base", str(base), "--run-id", run_id, "--run-dir", str(lab.runs / run_id)],
+         "--port", str(job_port), "--rank-port-base", str(base), "--launcher-port", "0", "--run-id", run_id,
+         "--run-dir", str(lab.runs / run_id)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        assert all(wait_ready(f"http://127.0.0.1:{port}/-/ready", 30, proc) for port in (8106, *range(base, base + 4)))
-        lab.write_target("trainer-ranks", ["127.0.0.1:8106"])
+        ports = (job_port, *range(base, base + 4))
+        assert all(wait_ready(f"http://127.0.0.1:{port}/-/ready", 30, proc) for port in ports)
+        lab.write_target("trainer-ranks", [f"127.0.0.1:{job_port}"])
         lab.write_target("ranks-e2e", [f"127.0.0.1:{base + r}" for r in range(4)])
         query = f'runwatch_rank_step{{job="ranks",run_id="{run_id}"}}'
-        ranks = wait_for(lambda: len(found := instant(PROM, query)) == 4 and found, 30, "every rank scraped")
+        ranks = wait_for(lambda: len(found := instant(prom, query)) == 4 and found, 30, "every rank scraped")
         assert sorted((s["metric"]["rank"], s["metric"]["node"]) for s in ranks) == [
             ("0", "node0"),
             ("1", "node0"),
             ("2", "node1"),
             ("3", "node1"),
         ]
-        gpus = instant(PROM, 'DCGM_FI_DEV_SM_CLOCK{job="ranks"}')
+        gpus = instant(prom, 'DCGM_FI_DEV_SM_CLOCK{job="ranks"}')
         assert {(s["metric"]["Hostname"], s["metric"]["gpu"]) for s in gpus} >= {("node0", "0"), ("node1", "1")}
         job = f'runwatch_train_step{{job="trainer",run_id="{run_id}"}}'  # rank 0 serves the job's metrics
-        wait_for(lambda: instant(PROM, job), 30, "the job's metrics on the trainer job")
+        wait_for(lambda: instant(prom, job), 30, "the job's metrics on the trainer job")
     finally:
         lab.remove_target("ranks-e2e")
         lab.remove_target("trainer-ranks")
@@ -169,93 +195,92 @@ def test_a_cluster_run_joins_the_lab_each_rank_a_target_of_its_own(lab):
         proc.wait(30)
 
 
-def test_alertmanager_restart_during_an_incident_still_pages_once(lab):
-    extra = ExtraTrainer(lab, "amrestart", 8103, "--incident", "corrupt_shard", "--fast-forward", "275")
-    try:
-        wait_for(lambda: extra.step() >= 297, 30, "the trainer to near its onset")
-        record = lab.records()["alertmanager"]
-        lab.stop("alertmanager")
-        wait_for(lambda: firing_in_prometheus("TrainingLossJump", extra.run_id), 30, "the alert to fire in Prometheus")
-        time.sleep(2)  # Prometheus tries to send while Alertmanager is away
-        lab.start(Component("alertmanager", record["argv"], record["ready_url"], record["url"]))
-        wait_for(lambda: pages(lab, extra.run_id, "TrainingLossJump"), 30, "the page after the restart")
-        time.sleep(6)  # a group_interval: time for a duplicate to show up, if there were one
-        assert len(pages(lab, extra.run_id, "TrainingLossJump")) == 1
-    finally:
-        extra.close()
+# A lab whose own trainer reaches a corrupt shard's onset (300) with its baselines full: they
+# need 20 scraped steps (baselines.yml's count_over_time guards), 275 leaves 25.
+NEAR_ONSET = ("--incident", "corrupt_shard", "--fast-forward", "275")
 
 
-def test_pager_down_then_back_gets_the_page_once(lab):
-    extra = ExtraTrainer(lab, "pagerdown", 8104, "--incident", "corrupt_shard", "--fast-forward", "275")
-    try:
-        record = lab.records()["pager"]
-        lab.stop("pager")
-        wait_for(lambda: firing_in_prometheus("GradientNormJump", extra.run_id), 40, "the alert to fire in Prometheus")
-        time.sleep(3)  # Alertmanager's first delivery fails
-        assert not pages(lab, extra.run_id)
-        lab.start(Component("pager", record["argv"], record["ready_url"], record["url"]))
-        wait_for(lambda: pages(lab, extra.run_id, "GradientNormJump"), 40, "Alertmanager's retry to deliver")
-        time.sleep(6)
-        assert len(pages(lab, extra.run_id, "GradientNormJump")) == 1
-    finally:
-        extra.close()
+def test_alertmanager_restart_during_an_incident_still_pages_once(lab_factory):
+    lab = lab_factory(*NEAR_ONSET).wait()
+    prom, am = lab.url("prometheus"), lab.records()["alertmanager"]
+    step = f'runwatch_train_step{{run_id="{lab.run_id}"}} >= 297'
+    wait_for(lambda: instant(prom, step), 40, "the trainer to near its onset")
+    lab.stop("alertmanager")
+    wait_for(lambda: firing_in_prometheus(lab, "TrainingLossJump", lab.run_id), 30, "the alert to fire in Prometheus")
+    failed = metric(prom, "prometheus_notifications_errors_total")
+    # Prometheus has tried to send it while Alertmanager is away: its own count of failed sends
+    wait_for(lambda: metric(prom, "prometheus_notifications_errors_total") > failed, 30, "a failed send")
+    lab.start(Component("alertmanager", am["argv"], am["ready_url"], am["url"]))
+    wait_for(lambda: pages(lab, lab.run_id, "TrainingLossJump"), 30, "the page after the restart")
+    holds(lambda: len(pages(lab, lab.run_id, "TrainingLossJump")) == 1, group_interval_s(lab), "a second page")
 
 
-def test_broken_rule_edit_is_refused_by_reload_and_old_rules_keep_firing(lab):
+def test_pager_down_then_back_gets_the_page_once(lab_factory):
+    lab = lab_factory(*NEAR_ONSET).wait()
+    record = lab.records()["pager"]
+    lab.stop("pager")
+    am = lab.url("alertmanager")
+    wait_for(lambda: firing_in_prometheus(lab, "GradientNormJump", lab.run_id), 40, "the alert to fire in Prometheus")
+    failed = metric(am, "alertmanager_notifications_failed_total", integration="webhook")
+    # Alertmanager's first delivery has failed: its own count says so
+    wait_for(lambda: metric(am, "alertmanager_notifications_failed_total", integration="webhook") > failed, 30,
+             "a failed delivery")  # fmt: skip
+    assert not pages(lab, lab.run_id)
+    lab.start(Component("pager", record["argv"], record["ready_url"], record["url"]))
+    wait_for(lambda: pages(lab, lab.run_id, "GradientNormJump"), 40, "Alertmanager's retry to deliver")
+    holds(lambda: len(pages(lab, lab.run_id, "GradientNormJump")) == 1, group_interval_s(lab), "a second page")
+
+
+def test_broken_rule_edit_is_refused_by_reload_and_old_rules_keep_firing(lab_factory):
+    lab = lab_factory(*NEAR_ONSET).wait()
     alerts = lab.layout.rules_dir / "alerts.yml"
-    good = alerts.read_text()
-    alerts.write_text(good.replace("> scalar(", ">> scalar(", 1))
-    try:
-        res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
-        assert res.returncode == 1
-        assert "refused" in res.stdout and "alerts.yml" in res.stdout and "parse error" in res.stdout
-        extra = ExtraTrainer(lab, "reload", 8105, "--incident", "corrupt_shard", "--fast-forward", "275")
-        try:
-            wait_for(lambda: pages(lab, extra.run_id, "GradientNormJump"), 40, "a page from the old rules")
-        finally:
-            extra.close()
-    finally:
-        alerts.write_text(good)
+    alerts.write_text(alerts.read_text().replace("> scalar(", ">> scalar(", 1))
     res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
-    assert res.returncode == 0 and "reloaded prometheus" in res.stdout
+    assert res.returncode == 1
+    assert "refused" in res.stdout and "alerts.yml" in res.stdout and "parse error" in res.stdout
+    assert not pages(lab, lab.run_id)  # what follows is the old rules' doing
+    wait_for(lambda: pages(lab, lab.run_id, "GradientNormJump"), 60, "a page from the old rules")
 
 
-def test_reload_runs_what_check_runs_and_names_rules_that_fail_when_evaluated(lab):
+def test_reload_runs_what_check_runs_and_names_rules_that_fail_when_evaluated(lab_factory):
     """A threshold edit that breaks a promtool unit test is refused, as `check` refuses it; a rule
     promtool accepts but Prometheus cannot evaluate (every target's CPU matched on nothing) is
-    applied and named."""
+    applied and named. The lab and its copy of the rules are this test's own."""
+    lab = lab_factory().wait()
     rules = lab.layout.rules_dir
     good = {name: (rules / name).read_text() for name in ("alerts.yml", "baselines.yml")}
-    try:
-        edit(rules / "alerts.yml", threshold("GradientNormJump", "3"), threshold("GradientNormJump", "3.5"))
-        res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
-        assert res.returncode == 1 and "refused, promtool test rules failed" in res.stdout, res.stdout
-        assert "GradientNormJump" in res.stdout and str(rules.parent / "tests") in res.stdout
-        (rules / "alerts.yml").write_text(good["alerts.yml"])
-        (rules / "baselines.yml").write_text(
-            good["baselines.yml"] + "\n      - record: job:cpu:product\n"
-            "        expr: process_cpu_seconds_total * on() process_cpu_seconds_total\n"  # no unit test has it
-        )
-        res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
-        assert res.returncode == 1 and "reloaded prometheus" in res.stdout, res.stdout
-        assert "fails when evaluated: job:cpu:product (group runwatch-baselines)" in res.stdout
-        assert "many-to-many" in res.stdout
-    finally:
-        for name, text in good.items():
-            (rules / name).write_text(text)
+    edit(rules / "alerts.yml", threshold("GradientNormJump", "3"), threshold("GradientNormJump", "3.5"))
+    res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
+    assert res.returncode == 1 and "refused, promtool test rules failed" in res.stdout, res.stdout
+    assert "GradientNormJump" in res.stdout and str(rules.parent / "tests") in res.stdout
+    (rules / "alerts.yml").write_text(good["alerts.yml"])
+    (rules / "baselines.yml").write_text(
+        good["baselines.yml"] + "\n      - record: job:cpu:product\n"
+        "        expr: process_cpu_seconds_total * on() process_cpu_seconds_total\n"  # no unit test has it
+    )
+    res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
+    assert res.returncode == 1 and "reloaded prometheus" in res.stdout, res.stdout
+    assert "fails when evaluated: job:cpu:product (group runwatch-baselines)" in res.stdout
+    assert "many-to-many" in res.stdout
+    (rules / "baselines.yml").write_text(good["baselines.yml"])
     res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
     assert res.returncode == 0 and "fails when evaluated" not in res.stdout, res.stdout
 
 
 def test_up_refuses_a_second_lab_and_busy_ports(lab, tmp_path):
-    res = runwatch("up", "--state-dir", str(lab.state), "--detach", cwd=tmp_path)
+    res = runwatch("up", "--state-dir", str(lab.state), "--ports", "free", "--detach", cwd=tmp_path)
     assert res.returncode == 2 and "already running" in res.stderr
-    res = runwatch("up", "--state-dir", str(tmp_path / "other"), "--detach", cwd=tmp_path)
+    taken = lab.ports["trainer"]
+    res = runwatch(
+        "up", "--state-dir", str(tmp_path / "other"), "--ports", f"trainer={taken}", "--detach", cwd=tmp_path
+    )
     assert res.returncode == 2
-    assert res.stderr.strip().count("\n") == 0 and "port 8000 is already in use" in res.stderr
+    assert res.stderr.strip().count("\n") == 0 and f"port {taken} is already in use" in res.stderr
+    assert "--ports" in res.stderr  # and how to move it
 
 
-def test_status_reports_a_dead_component(lab):
+def test_status_reports_a_dead_component(lab_factory):
+    lab = lab_factory("--control").wait()
     record = lab.records()["control"]
     lab.stop("control")
     (lab.pids / "control.json").write_text(json.dumps(record) + "\n")  # as if it had died on its own
@@ -264,15 +289,14 @@ def test_status_reports_a_dead_component(lab):
 
 
 def test_pager_metrics_count_the_pages(lab):
-    """The pager's counters equal the lines its process added to the page log, by status (earlier
-    scenarios restart the pager, and counters start again with the process), read when no page
-    arrived in between."""
+    """The pager's counters equal the lines its process added to the page log, by status (counters
+    start again with the process), read when no page arrived in between."""
     started = lab.records()["pager"]["create_time"]
 
     def counts() -> tuple[dict, dict] | None:
         log = read_pages(lab.page_log)
         before = [p for p in log if received_time(p) >= started]
-        families = text_string_to_metric_families(requests.get("http://127.0.0.1:9095/metrics", timeout=5).text)
+        families = text_string_to_metric_families(requests.get(f"{lab.url('pager')}/metrics", timeout=5).text)
         counted = {
             s.labels["status"]: s.value for f in families for s in f.samples if s.name == "runwatch_pager_pages_total"
         }
@@ -283,28 +307,25 @@ def test_pager_metrics_count_the_pages(lab):
     assert logged["firing"] > 0 and counted == logged
 
 
-def test_prometheus_told_to_quit_pages_watchdog_silent(lab, lab_session):
+def test_prometheus_told_to_quit_pages_watchdog_silent(lab_factory):
     """Any local process can POST /-/quit (the lab runs with --web.enable-lifecycle for reload).
     Nothing can alert on Prometheus from Prometheus: the pager's dead-man's switch does. Bound:
     the pager's watchdog timeout, plus the Watchdog route's repeat interval (the last heartbeat
-    may be that old), plus a few seconds for Alertmanager to let the alert lapse. Last in this
-    file: the lab is stopped afterwards."""
+    may be that old), plus a few seconds for Alertmanager to let the alert lapse."""
+    lab = lab_factory().wait()
     route = next(
         r for r in yaml.safe_load(lab.alertmanager_yml.read_text())["route"]["routes"] if r["receiver"] == "watchdog"
     )
     bound = WATCHDOG_TIMEOUT_S + duration_seconds(route["repeat_interval"]) + 10
 
     def heard() -> bool:  # the switch is armed by the first heartbeat
-        text = requests.get("http://127.0.0.1:9095/metrics", timeout=5).text
+        text = requests.get(f"{lab.url('pager')}/metrics", timeout=5).text
         return any(
             s.value > 0 for f in text_string_to_metric_families(text) for s in f.samples
             if s.name == "runwatch_pager_watchdog_last_timestamp_seconds"
         )  # fmt: skip
 
-    try:
-        wait_for(heard, bound, "the first Watchdog heartbeat")
-        assert requests.post(f"{PROM}/-/quit", timeout=5).status_code == 200
-        page = wait_for(lambda: pages(lab, "", "WatchdogSilent"), bound, "the pager's WatchdogSilent page")[0]
-        assert page["severity"] == "critical" and page["runbook_url"] == f"{RUNBOOK_BASE}/WatchdogSilent.md"
-    finally:
-        lab_session.stop()
+    wait_for(heard, bound, "the first Watchdog heartbeat")
+    assert requests.post(f"{lab.url('prometheus')}/-/quit", timeout=5).status_code == 200
+    page = wait_for(lambda: pages(lab, "", "WatchdogSilent"), bound, "the pager's WatchdogSilent page")[0]
+    assert page["severity"] == "critical" and page["runbook_url"] == f"{RUNBOOK_BASE}/WatchdogSilent.md"
