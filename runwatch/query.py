@@ -24,8 +24,8 @@ import time
 
 import requests
 
-from runwatch.core.command import Command, UsageError
-from runwatch.core.names import url
+from runwatch.core.addresses import lab_url
+from runwatch.core.command import Command, UsageError, add_state_dir
 from runwatch.prom.server import PromQLError, instant, query_range
 from runwatch.readouts.dashboard_queries import seconds
 
@@ -58,12 +58,13 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument("expr", help="the PromQL expression")
     p.add_argument("--range", type=duration, default=None, metavar="DURATION", help="a range query: the last DURATION")
     p.add_argument("--step", type=duration, default=None, metavar="DURATION", help="its resolution (default: range/40)")
-    p.add_argument("--prometheus", default=url("prometheus"), help="Prometheus to query")
+    add_state_dir(p)
+    p.add_argument("--prometheus", default=None, help="Prometheus to query (default: the lab's, from its state dir)")
     return run
 
 
 def run(args: argparse.Namespace) -> int:
-    base = args.prometheus.rstrip("/")
+    base = (args.prometheus or lab_url(args.state_dir, "prometheus")).rstrip("/")
     try:
         if args.range is None:
             for s in instant(base, args.expr):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from runwatch.exporter.metrics import TrainerMetrics
 from runwatch.exporter.server import start
-from runwatch.prom.server import Process, free_port, instant
+from runwatch.prom.server import Process, free_port, instant, prometheus_argv
 from tests.conftest import need, runwatch, wait_for
+
+pytestmark = pytest.mark.integration  # runwatch query, in a child, against a real Prometheus
 
 
 @pytest.fixture
@@ -21,8 +25,7 @@ def prometheus(tmp_path):
         "global: {scrape_interval: 1s}\n"
         f"scrape_configs: [{{job_name: trainer, static_configs: [{{targets: ['{target}']}}]}}]\n"
     )
-    argv = [need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"]  # fmt: skip
+    argv = prometheus_argv(need("prometheus"), tmp_path / "prometheus.yml", tmp_path / "data", port)
     base = f"http://127.0.0.1:{port}"
     with Process(argv, f"{base}/-/ready", tmp_path / "prometheus.log"):
         # two scrapes at the 1 s interval: a range query of 5 s has samples
@@ -68,3 +71,12 @@ def test_bad_input_is_one_line_naming_what_to_fix(prometheus, tmp_path, args, wh
 def test_a_prometheus_that_does_not_answer_is_one_line(tmp_path):
     res = runwatch("query", "up", "--prometheus", f"http://127.0.0.1:{free_port()}", cwd=tmp_path)
     assert res.returncode == 2 and "did not answer (ConnectionError)" in res.stderr
+
+
+def test_the_lab_of_a_state_dir_is_the_default(prometheus, tmp_path):
+    """Without --prometheus, the Prometheus the lab of --state-dir recorded in its lab.json."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "lab.json").write_text(json.dumps({"run_id": "q-run", "urls": {"prometheus": prometheus}}) + "\n")
+    res = runwatch("query", 'runwatch_train_run_info{run_id="q-run"}', "--state-dir", str(state), cwd=tmp_path)
+    assert res.returncode == 0 and 'run_id="q-run"' in res.stdout, res.stdout + res.stderr
