@@ -2,6 +2,7 @@
 #   make lab           the lab without Docker (venv, project, Prometheus and Alertmanager, then runwatch up)
 #   make test          the same set-up, then the whole test suite but the compose end-to-end test
 #   make test-unit     the unit tier alone (no child process, no lab): under a minute
+#   make test-slow     the slow tier: minutes of lab time a case (CI runs it)
 #   make test-compose  docker-compose.yml run for real: on Docker if there is one, else on Podman
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ PY := $(VENV)/bin/python
 # DNS); debootstrap and busybox-static build the substitute images (compose/podman/README.md).
 PODMAN_APT_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap busybox-static
 
-.PHONY: lab test test-unit test-compose binaries browser compose-runtime lint bench console-vendor
+.PHONY: lab test test-unit test-slow test-compose binaries browser compose-runtime lint bench console-vendor
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -63,7 +64,11 @@ apt-compose-podman:
 PYTEST := $(PY) -m pytest -q --durations=15
 TEST_WORKERS ?= 6
 test: $(VENV)/.installed binaries browser apt-compose-cli
-	$(PYTEST) -m "not compose" -n $(TEST_WORKERS) --dist loadgroup
+	$(PYTEST) -m "not compose and not slow" -n $(TEST_WORKERS) --dist loadgroup
+
+# Minutes of lab time a case (tests/test_backtest_live.py): a tier of its own, run by .ci/run.
+test-slow: $(VENV)/.installed binaries
+	$(PYTEST) -m slow -n 2
 
 test-unit: $(VENV)/.installed
 	$(PYTEST) -m unit -n 2

@@ -372,6 +372,7 @@ def test_a_group_reads_another_s_recording_late_when_that_one_evaluates_after_it
         schedule.lag(("runwatch-gone", 0), ("runwatch-baselines", 0))
 
 
+@pytest.mark.integration
 def test_a_lab_s_order_moves_only_the_alerts_that_read_recordings_alone():
     """In a lab whose alerts evaluate after the scrape and before the baselines, an alert whose
     condition is recordings only (TrainingLossJump) reads them a scrape late: one step later."""

@@ -24,9 +24,8 @@ import pytest
 import yaml
 
 from runwatch.backtest import backtest as bt
-from runwatch.core.names import CONTROL_PORT, PORTS
-from runwatch.core.names import url as url_of
 from runwatch.core.paths import REPO
+from runwatch.lab.supervise import Lab
 from runwatch.prom.server import instant
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.live import PHASE_SCRAPES, SCRAPE_PHASE
@@ -35,7 +34,6 @@ from tests.conftest import runwatch, wait_for
 
 pytestmark = pytest.mark.slow
 
-PROM = url_of("prometheus")
 GROUPS_READ = ("runwatch-baselines", "runwatch-training")  # the groups whose order the plate's alerts depend on
 ATTEMPTS = 4  # labs started before one whose groups do not race the scrapes (each one in two has none)
 
@@ -58,15 +56,15 @@ def longest_reach(rules_dir: Path) -> float:
     return reach + hold
 
 
-def live_first_fires() -> dict[str, dict[str, int]]:
+def live_first_fires(prom: str) -> dict[str, dict[str, int]]:
     found: dict[str, dict[str, int]] = {}
-    for s in instant(PROM, "run_alert:runwatch_train_step:first_fired"):
+    for s in instant(prom, "run_alert:runwatch_train_step:first_fired"):
         found.setdefault(s["metric"]["run_id"], {})[s["metric"]["alertname"]] = int(float(s["value"][1]))
     return found
 
 
-def step_of(run_id: str) -> int:
-    found = instant(PROM, f'runwatch_train_step{{run_id="{run_id}"}}')
+def step_of(prom: str, run_id: str) -> int:
+    found = instant(prom, f'runwatch_train_step{{run_id="{run_id}"}}')
     return int(float(found[0]["value"][1])) if found else -1
 
 
@@ -80,7 +78,7 @@ def from_scrape(t: float) -> float:
     return (t - SCRAPE_PHASE + 0.5) % 1.0 - 0.5
 
 
-def off_the_lab_clock(run_dir: Path, cfg: TrainConfig, last: int) -> list[str]:
+def off_the_lab_clock(prom: str, run_dir: Path, cfg: TrainConfig, last: int) -> list[str]:
     """The backtest's assumption, checked on the lab: its scrapes fall SCRAPE_PHASE into a lab
     second (their median; a scrape of a busy Prometheus can start some ms late), and each one up
     to step `last` shows the last step that ended by it on the lab clock (a step that ends
@@ -88,7 +86,7 @@ def off_the_lab_clock(run_dir: Path, cfg: TrainConfig, last: int) -> list[str]:
     record = json.loads((run_dir / "run.json").read_text())
     zero = record["live_since"] - record["live_lab_time"]  # wall time of lab time 0
     end = ends(cfg)
-    values = instant(PROM, f'runwatch_train_step{{run_id="{cfg.run_id}"}}[15m]')[0]["values"]
+    values = instant(prom, f'runwatch_train_step{{run_id="{cfg.run_id}"}}[15m]')[0]["values"]
     scrapes = [(float(t) - zero, int(v)) for t, v in values if int(v) <= last]
     phase = statistics.median(from_scrape(t) for t, _ in scrapes)
     wrong = [] if abs(phase) < bt.RACE_S else [f"{cfg.run_id}: its scrapes fall {phase:+.3f} s off SCRAPE_PHASE"]
@@ -121,17 +119,23 @@ def compare(root: Path, state: Path, cfg: TrainConfig, fast_forward: int, horizo
     # evaluation interval, and one scrape interval for the record's evaluation to read it.
     margin = 1 + math.ceil((scrape + evaluation) / cfg.step_seconds)
     up = runwatch("up", "--root", str(root), "--state-dir", str(state), "--incident", cfg.incident,
-                  "--seed", str(cfg.seed), "--fast-forward", str(fast_forward), "--control", "--detach",
-                  cwd=root)  # fmt: skip
+                  "--seed", str(cfg.seed), "--fast-forward", str(fast_forward), "--control", "--ports", "free",
+                  "--detach", cwd=root)  # fmt: skip
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         run_id = json.loads((state / "lab.json").read_text())["run_id"]
+        lab = Lab(state)  # on free ports: where it listens is in its lab.json
+        prom = lab.url("prometheus")
         control_id = next(p.name for p in (state / "runs").iterdir() if p.name != run_id)
         both = (run_id, control_id)
-        wait_for(lambda: min(map(step_of, both)) >= 0, trainer_down_for(rules) + 2 * scrape, "both runs scraped")
+        wait_for(
+            lambda: min(map(lambda r: step_of(prom, r), both)) >= 0,
+            trainer_down_for(rules) + 2 * scrape,
+            "both runs scraped",
+        )
         schedules = {
-            run_id: bt.Schedule.of_lab(PROM, PORTS["trainer"]),
-            control_id: bt.Schedule.of_lab(PROM, CONTROL_PORT),
+            run_id: bt.Schedule.of_lab(prom, lab.ports["trainer"]),
+            control_id: bt.Schedule.of_lab(prom, lab.ports["control"]),
         }
         if any(set(GROUPS_READ) & s.racing for s in schedules.values()):
             return None  # a group evaluating while a trainer's scrape is in flight reads it or not, at random
@@ -141,15 +145,15 @@ def compare(root: Path, state: Path, cfg: TrainConfig, fast_forward: int, horizo
         end = ends(cfg)
         bound = end[horizon + margin] - end[fast_forward - 1] + PHASE_SCRAPES * scrape + 1
         bound += bt.duration_seconds(glob["scrape_timeout"])
-        wait_for(lambda: step_of(run_id) >= horizon + margin, bound, f"{run_id} to pass step {horizon + margin}")
-        live = live_first_fires()
+        wait_for(lambda: step_of(prom, run_id) >= horizon + margin, bound, f"{run_id} to pass step {horizon + margin}")
+        live = live_first_fires(prom)
         recorded = {rid: {a: s for a, s in live.get(rid, {}).items() if s <= horizon} for rid in both}
         # The backtests once the lab has recorded every fire compared: their two busy cores would
         # delay the live trainer's steps by tens of ms.
         configs = {run_id: cfg, control_id: TrainConfig(incident="none", seed=cfg.seed)}
         expected = {rid: fires(c, rules, schedules[rid], horizon) for rid, c in configs.items()}
         runs = {rid: (state / "runs" / rid, dataclasses.replace(c, run_id=rid)) for rid, c in configs.items()}
-        clock = [w for run_dir, c in runs.values() for w in off_the_lab_clock(run_dir, c, horizon)]
+        clock = [w for run_dir, c in runs.values() for w in off_the_lab_clock(prom, run_dir, c, horizon)]
         return {"recorded": recorded, "expected": expected, "schedules": schedules, "run_id": run_id, "clock": clock}
     finally:
         down = runwatch("down", "--state-dir", str(state), cwd=root)
@@ -157,7 +161,7 @@ def compare(root: Path, state: Path, cfg: TrainConfig, fast_forward: int, horizo
 
 
 @pytest.mark.parametrize("incident, seed", [("repeated_batch", 7), ("lr_spike", 8)])
-def test_the_backtest_reads_the_first_fires_the_live_lab_records(incident, seed, tmp_path, no_lab):
+def test_the_backtest_reads_the_first_fires_the_live_lab_records(incident, seed, tmp_path, lab_state):
     root = tmp_path / "checkout"
     for d in ("prometheus", "alertmanager", "runbooks"):
         shutil.copytree(REPO / d, root / d)
