@@ -8,43 +8,36 @@ Every usage error is one line naming the flag, with exit status 2, so a learner 
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from runwatch.core.command import Command, Parser, UsageError
 
-
-def _commands() -> list[tuple[str, str, Callable[[argparse.ArgumentParser], Command]]]:
-    # Imported here so that `runwatch --help` stays fast and one broken module names itself.
-    from runwatch import check, query, train
-    from runwatch.backtest import backtest
-    from runwatch.cluster import flight_recorder
-    from runwatch.drill import drill
-    from runwatch.lab import lab
-    from runwatch.readouts import plate
-
-    return [
-        ("train", "run the workshop's training run, live or offline", train.add_arguments),
-        ("check", "check the lab's YAML: promtool and amtool, as after an edit", check.add_arguments),
-        ("backtest", "replay many seeds x incidents through a real Prometheus", backtest.add_arguments),
-        ("up", "start the lab natively: trainer, Prometheus, Alertmanager, pager", lab.add_up),
-        ("down", "stop everything `runwatch up` started", lab.add_simple(lab.down)),
-        ("status", "show the lab's processes and whether each is ready", lab.add_simple(lab.status)),
-        ("reload", "check the YAML, then reload Prometheus and Alertmanager", lab.add_simple(lab.reload)),
-        ("plate", "draw the plate for a run from Prometheus, with the dashboard's queries", plate.add_arguments),
-        ("query", "run a PromQL query against the lab's Prometheus (it has no web UI here)", query.add_arguments),
-        ("drill", "start a lab whose incident (or none) is hidden: on-call practice", drill.add_drill),
-        ("ack", "acknowledge a page: an Alertmanager silence for the alert and its run", drill.add_ack),
-        ("diagnose", "name the drill's incident once; it is revealed and graded", drill.add_diagnose),
-        ("postmortem", "write the drill's postmortem: PagerDuty's sections, timeline, plate", drill.add_postmortem),
-        (
-            "flight-recorder",
-            "every rank's last collective and step, and the rank that lags",
-            flight_recorder.add_arguments,
-        ),
-    ]
+# Every subcommand: its help, and the module and function that add its arguments (and return
+# its handler). Only the module of the command asked for is imported: `runwatch status` or
+# `runwatch ack` load no backtest and no matplotlib, and a broken module names only itself.
+COMMANDS: list[tuple[str, str, str, str]] = [
+    ("train", "run the workshop's training run, live or offline", "runwatch.train", "add_arguments"),
+    ("check", "check the lab's YAML: promtool and amtool, as after an edit", "runwatch.check", "add_arguments"),
+    ("backtest", "replay many seeds x incidents through a real Prometheus", "runwatch.backtest.backtest",
+     "add_arguments"),
+    ("up", "start the lab natively: trainer, Prometheus, Alertmanager, pager", "runwatch.lab.lab", "add_up"),
+    ("down", "stop everything `runwatch up` started", "runwatch.lab.lab", "add_down"),
+    ("status", "show the lab's processes and whether each is ready", "runwatch.lab.lab", "add_status"),
+    ("reload", "check the YAML, then reload Prometheus and Alertmanager", "runwatch.lab.lab", "add_reload"),
+    ("plate", "draw the plate for a run from Prometheus, with the dashboard's queries", "runwatch.readouts.plate",
+     "add_arguments"),
+    ("query", "run a PromQL query against the lab's Prometheus (it has no web UI here)", "runwatch.query",
+     "add_arguments"),
+    ("drill", "start a lab whose incident (or none) is hidden: on-call practice", "runwatch.drill.drill", "add_drill"),
+    ("ack", "acknowledge a page: an Alertmanager silence for the alert and its run", "runwatch.drill.drill", "add_ack"),
+    ("diagnose", "name the drill's incident once; it is revealed and graded", "runwatch.drill.drill", "add_diagnose"),
+    ("postmortem", "write the drill's postmortem: PagerDuty's sections, timeline, plate", "runwatch.drill.drill",
+     "add_postmortem"),
+    ("flight-recorder", "every rank's last collective and step, and the rank that lags",
+     "runwatch.cluster.flight_recorder", "add_arguments"),
+]  # fmt: skip
 
 
 # Subcommands that parse their own arguments (they are also runnable on their own), by module
@@ -58,13 +51,16 @@ DELEGATED = {
 }
 
 
-def build_parser() -> tuple[Parser, dict[str, Command]]:
+def build_parser(wanted: str | None = None) -> tuple[Parser, dict[str, Command]]:
+    """The parser of every subcommand; the arguments (and handler) of `wanted` only, or of all
+    of them when it is None."""
     parser = Parser(prog="runwatch", description="Observability lab for a training run (Plate XV.6).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     handlers: dict[str, Command] = {}
-    for name, help_text, add in _commands():
+    for name, help_text, module, function in COMMANDS:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        handlers[name] = add(p)
+        if wanted is None or name == wanted:
+            handlers[name] = getattr(importlib.import_module(module), function)(p)
     sub.add_parser("pager", help="print the on-call page log; --follow to keep watching", add_help=False)
     sub.add_parser("pager-serve", help="run the on-call pager (Alertmanager's webhook receiver)", add_help=False)
     sub.add_parser("console", help="serve the on-call console (plate, pages, runbooks, ack, diagnose)", add_help=False)
@@ -82,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in DELEGATED:
         module, function = DELEGATED[argv[0]]
         return getattr(importlib.import_module(module), function)(argv[1:])
-    parser, handlers = build_parser()
+    names = {c[0] for c in COMMANDS}
+    parser, handlers = build_parser(argv[0] if argv and argv[0] in names else "")
     prog = "runwatch" + (f" {argv[0]}" if argv and argv[0] in handlers else "")
     try:
         args = parser.parse_args(argv)

@@ -27,10 +27,16 @@ def copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_the_repository_passes(copy):
+def test_the_repository_passes_and_names_every_binary_it_uses_with_its_version(copy):
+    from runwatch.prom.tools import BINARIES, binary, version
+
     res = check(copy)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("ok  ") == 4
+    for name, line in zip(BINARIES, res.stdout.splitlines()[1:5], strict=True):
+        found = binary(name)
+        assert line.split() == [name, version(found), found], line
+        assert int(version(found).split(".")[0]) >= (3 if name.startswith("prom") else 0), line
 
 
 def test_broken_yaml_in_a_rule_file_names_the_file(copy):
@@ -81,16 +87,6 @@ def test_a_hung_tool_is_killed_and_named_in_one_line():
         run_tool(["sleep", "30"], timeout=0.3)
     assert str(err.value) == "sleep 30 did not finish in 0.3s; killed"
     assert time.monotonic() - t0 < 10
-
-
-def test_it_names_every_binary_it_uses_with_its_version(copy):
-    from runwatch.prom.tools import BINARIES, binary, version
-
-    lines = check(copy).stdout.splitlines()[1:5]
-    for name, line in zip(BINARIES, lines, strict=True):
-        found = binary(name)
-        assert line.split() == [name, version(found), found], line
-        assert int(version(found).split(".")[0]) >= (3 if name.startswith("prom") else 0), line
 
 
 def old_binary(folder: Path, name: str, version: str) -> None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from runwatch.core.names import LOOPBACK
 from runwatch.trainer.config import TrainConfig
-from runwatch.trainer.gpu import node_of
 
 
 def rank_targets(run_id: str, ranks: int, rank_port_base: int, host: str = LOOPBACK) -> list[dict]:
     """Prometheus's file_sd groups for the ranks: one target each, labelled run_id, rank and node,
     so that `up` names the rank that stops answering (RankDown)."""
+    from runwatch.trainer.gpu import node_of  # numpy, which only a cluster run's start needs
+
     cfg = TrainConfig(ranks=ranks)
     return [
         {

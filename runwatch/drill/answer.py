@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from runwatch.trainer.config import CLUSTER_INCIDENTS, TrainConfig
-from runwatch.trainer.run import struck_rank
 from runwatch.trainer.sealed import seal
 
 ANSWER_FILE = "answer.sealed"  # in the run's directory, beside run.json
@@ -27,6 +26,10 @@ def answer_path(run_dir: Path) -> Path:
 def drill_answer(cfg: TrainConfig) -> dict:
     """What a drill's sealed answer holds: the incident, its onset, the run, and for a cluster
     incident the rank it strikes (`runwatch diagnose --rank` is graded against it)."""
+    # imported here: the lab's commands that only read a lab (status, ack, down) import this
+    # module for answer_path, and struck_rank brings numpy, a third of their start-up
+    from runwatch.trainer.run import struck_rank
+
     answer = {"incident": cfg.incident, "onset": cfg.onset, "run_id": cfg.label}
     return answer | ({"rank": struck_rank(cfg)} if cfg.incident in CLUSTER_INCIDENTS else {})
 

@@ -167,3 +167,6 @@ def add_simple(fn: Command) -> Callable[[argparse.ArgumentParser], Command]:
         return fn
 
     return add
+
+
+add_down, add_status, add_reload = add_simple(down), add_simple(status), add_simple(reload)

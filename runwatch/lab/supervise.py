@@ -45,7 +45,6 @@ from runwatch.drill.answer import answer_path, seal_answer
 from runwatch.prom.server import free_port, free_ports_in_a_row, port_is_free, prometheus_argv, wait_ready
 from runwatch.prom.tools import binary
 from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, TrainConfig, draw_drill
-from runwatch.trainer.live import unique_run_id
 
 # Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
 # where a learner's browser reaches each server, natively and through compose's published ports,
@@ -430,6 +429,8 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
     running = [n for n, r in lab.records().items() if lab.alive(r)]
     if running:
         raise UsageError(f"a lab is already running in {lab.state} ({', '.join(running)}): `runwatch down` first")
+    from runwatch.trainer.live import unique_run_id  # the trainer's, and numpy: `up` alone needs them
+
     run_id = unique_run_id("drill" if args.incident == "random" else f"{args.incident}-{args.seed}")
     lab.ports = ports = choose_ports(args.ports, args.ranks)
     comps = lab.components(args, run_id)  # finds the binaries first: a missing one says what to install
