@@ -56,7 +56,7 @@ HELP = {
     GRADIENT_NORM: "L2 norm of the last step's full gradient (weights and bias).",
     LEARNING_RATE: "Learning rate applied at the last step.",
     TOKENS: "Tokens processed by this run, counting every completed step.",
-    TOKENS_PER_SECOND: "Tokens per second of the last step, on the simulated device's clock (host load does not move it).",
+    TOKENS_PER_SECOND: "Tokens per second of the last step, on the simulated device's clock (not the host's).",
     STEP_DURATION: "Wall-clock duration of each training step on the host, in seconds, waits for Prometheus excluded.",
     RUN_INFO: "Constant 1, labelled with the run's id, seed and incident (hidden in a drill).",
     RUN_START: "Unix time at which this run started (the dashboards list the newest run first).",

@@ -144,19 +144,12 @@ class RunRecord:
 
 
 def run_live(
-    cfg: TrainConfig,
-    metrics: TrainerMetrics,
-    record: RunRecord,
-    fast_forward: int = 0,
-    stop: threading.Event | None = None,
-    log: Callable[[str], None] = print,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-    trainer: Trainer | None = None,
-    checkpoints: Path | None = None,
-    watch: Watch | None = None,
+    cfg: TrainConfig, metrics: TrainerMetrics, record: RunRecord, fast_forward: int = 0,
+    stop: threading.Event | None = None, log: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+    trainer: Trainer | None = None, checkpoints: Path | None = None, watch: Watch | None = None,
     onset_moved: Callable[[TrainConfig], None] | None = None,
-) -> str:
+) -> str:  # fmt: skip
     """Train every step of cfg paced, publishing to metrics; return the final status.
 
     The status is "completed", "interrupted" when stop is set or Ctrl-C arrives, or why the trainer
@@ -165,7 +158,7 @@ def run_live(
     the clock waits for Prometheus (the module's docstring says how): the first live step waits
     for its scrapes, so a Prometheus that starts late still sees every live step, and later
     steps hold while it is away. When the onset moves, `onset_moved(cfg)` is told the run's
-    config with its real onset, as the step before it ends (a drill seals it again).
+    config with its real onset, before that step (a drill seals it again).
     """
     stop = stop or threading.Event()
     trainer = trainer or Trainer(cfg)
@@ -187,26 +180,12 @@ def run_live(
         while not trainer.done and not stop.is_set() and not trainer.halted:
             # --- the watcher: hold while Prometheus is away, and the onset until it can be seen ---
             if watch is not None:
-                at_onset = trainer.next_step == trainer.cfg.onset and trainer.cfg.incident != "none"
-                away = watch.unseen(clock()) > watch.grace
-                hold, unready = watch.agree((away, at_onset and watch.ready is not None and not watch.ready()))
-                if hold:
-                    began = clock()
-                    record.save(paused_since=utc_now())
-                    resumed = _hold(trainer, watch, stop, log, clock, sleep)
-                    metrics.waited(clock() - began)
-                    record.save(paused_since=None)
-                    if resumed is None:
-                        break
+                resumed = _watched(trainer, watch, planned, record, metrics, onset_moved, stop, log, clock, sleep)
+                if resumed is not None:  # held: the clock reads trainer.lab_time at `resumed`
                     start, lab0, t0 = resumed, trainer.lab_time, resumed
                     continue  # look again: Prometheus may have gone away while the clock was set
-                if at_onset and unready and trainer.cfg.onset + 1 < trainer.cfg.steps:
-                    trainer.move_onset(trainer.cfg.onset + 1)
-                elif at_onset and trainer.cfg.onset != planned:
-                    _moved(trainer.cfg, planned, record, log, onset_moved)
             rec = trainer.step()
-            remaining = start + (rec.lab_time - lab0) - clock()  # its deadline on the lab clock
-            if remaining > 0:
+            if (remaining := start + (rec.lab_time - lab0) - clock()) > 0:  # its deadline on the lab clock
                 sleep(remaining)
             wall = max(clock() - t0, 1e-6)  # the host's time for the step: load shows here
             t0 += wall
@@ -224,6 +203,30 @@ def run_live(
         status = "interrupted"
     record.save(status=status, ended_at=utc_now(), last_step=None if last is None else last.step)
     return status
+
+
+def _watched(
+    trainer: Trainer, watch: Watch, planned: int, record: RunRecord, metrics: TrainerMetrics,
+    onset_moved: Callable[[TrainConfig], None] | None, stop: threading.Event, log: Callable[[str], None],
+    clock: Callable[[], float], sleep: Callable[[float], None],
+) -> float | None:  # fmt: skip
+    """Before a step: hold while Prometheus is away (returning when the clock goes on), or move
+    an onset whose baselines are not recorded; None when the step may go ahead."""
+    at_onset = trainer.next_step == trainer.cfg.onset and trainer.cfg.incident != "none"
+    away = watch.unseen(clock()) > watch.grace
+    hold, unready = watch.agree((away, at_onset and watch.ready is not None and not watch.ready()))
+    if hold:
+        began = clock()
+        record.save(paused_since=utc_now())
+        resumed = _hold(trainer, watch, stop, log, clock, sleep)
+        metrics.waited(clock() - began)
+        record.save(paused_since=None)
+        return clock() if resumed is None else resumed  # stopped: the loop ends
+    if at_onset and unready and trainer.cfg.onset + 1 < trainer.cfg.steps:
+        trainer.move_onset(trainer.cfg.onset + 1)
+    elif at_onset and trainer.cfg.onset != planned:
+        _moved(trainer.cfg, planned, record, log, onset_moved)
+    return None
 
 
 def _hold(
@@ -256,7 +259,7 @@ def _moved(
     (a drill's only in its sealed answer, never in run.json or the log)."""
     moved = cfg.onset - planned
     if not cfg.drill:
-        log(f"onset moved {moved} steps, to step {cfg.onset}: the alerts' baselines were not recorded at step {planned}")
+        log(f"onset moved {moved} steps, to step {cfg.onset}: the alerts' baselines were not recorded at {planned}")
         record.data["config"]["onset"] = cfg.onset
         record.save(onset_moved_by=moved)
     if onset_moved is not None:
