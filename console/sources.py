@@ -112,8 +112,9 @@ class Sources:
         try:
             started, ended = last("runwatch_train_run_start_time_seconds"), last("runwatch_train_run_end_time_seconds")
             info = instant(self.prometheus, f"last_over_time(runwatch_train_run_info{sel}{window})")
-            # how long Prometheus has gone without a scrape of the run (within its 5 min lookback)
-            unseen = instant(self.prometheus, f"time() - timestamp(runwatch_train_step{sel})")
+            # how long Prometheus has gone without a sample of the run, within the last 5 minutes (a
+            # failed scrape or a target gone marks the series stale at once, so not its lookback)
+            unseen = instant(self.prometheus, f"time() - max_over_time(timestamp(runwatch_train_step{sel})[5m:1s])")
         except (requests.RequestException, PromQLError) as err:
             raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
         incident = info[0]["metric"].get("incident", "") if info else ""

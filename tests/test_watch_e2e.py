@@ -110,6 +110,9 @@ def paused_before_the_onset(lab_factory, incident: str) -> None:
                     f"a {alert} page")[0]  # fmt: skip
     lo, hi = (s + onset - TrainConfig.onset for s in SIGNATURES[incident][alert].fires)
     assert lo <= int(page["step"]) <= hi + 1, (page["step"], onset)  # live lag may add a step, as test_lab_e2e's
+    # every window of the plate's signature passed (a repeated batch's loss alert comes 60 steps on)
+    last = max(e.fires[1] for e in SIGNATURES[incident].values() if e.fires) + onset - TrainConfig.onset
+    wait_for(lambda: step(lab) >= last + 2, last + 2 - step(lab) + 10, f"step {last + 2}")
     assert_the_plate_s_readouts(lab, incident, onset)
     waited = instant(lab.url("prometheus"), f'runwatch_train_watcher_wait_seconds_total{{run_id="{lab.run_id}"}}')
     assert float(waited[0]["value"][1]) >= PAUSE_S - WATCH_GRACE_S  # counted, and exported
