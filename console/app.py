@@ -35,6 +35,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainT
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from runwatch.console import rules
 from runwatch.console.sources import ALERT_NAME, Sources, UnavailableError
 from runwatch.core.command import UsageError
 from runwatch.trainer.config import (  # what a diagnosis may name, as runwatch diagnose takes it
@@ -259,6 +260,7 @@ ROUTES = [
     Route("/postmortem/", postmortem, methods=["GET"]),
     Route("/postmortem/{name}", postmortem_image),
     Route("/-/ready", ready),
+    *rules.ROUTES,  # the Rules page and its workbench (console/rules.py)
     Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
 ]
 
