@@ -280,13 +280,16 @@ def _workbench(request: Request) -> Workbench:
     return state.workbench
 
 
-def _run(console: Any, *args: str, timeout: float) -> tuple[int, str]:
-    """`runwatch ARGS` as the console runs its commands; (exit status, what it printed)."""
+def _run(console: Any, *args: str, timeout: float, progress: bool = True) -> tuple[int, str]:
+    """`runwatch ARGS` as the console runs its commands; (exit status, what it printed). Without
+    `progress`, a command that succeeded shows its stdout only (a backtest's report, not its
+    progress lines)."""
     try:
         proc = subprocess.run([*console.runwatch, *args], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return 1, f"runwatch {args[0]} did not finish in {timeout:g} s"
-    return proc.returncode, (proc.stdout + proc.stderr).strip()
+    shown = proc.stdout if proc.returncode == 0 and not progress else proc.stdout + proc.stderr
+    return proc.returncode, shown.strip()
 
 
 def _find(request: Request) -> tuple[Any, Layout, Alert | None]:
@@ -349,7 +352,7 @@ async def backtest(request: Request) -> Response:
         (rules / alert.file.name).write_text(text)
         args = ["backtest", f"--rules={rules}", f"--seeds={seeds}", f"--sweep={edit.sweep()}",
                 f"--plot={bench.plots / plot}", *([f"--strengths={strengths}"] if strengths else [])]  # fmt: skip
-        code, said = await run_in_threadpool(_run, console, *args, timeout=BACKTEST_TIMEOUT_S)
+        code, said = await run_in_threadpool(_run, console, *args, timeout=BACKTEST_TIMEOUT_S, progress=False)
     result = {"form": shown, "backtest": said, "ok": code == 0, "plot": plot if code == 0 else None,
               "sweep": edit.sweep()}  # fmt: skip
     return _render(console, layout, alert, result, 200 if code == 0 else 400)

@@ -15,7 +15,14 @@ function mount(textarea, prometheusURL) {
   const promql = new PromQLExtension()
     .setComplete({ remote: { url: prometheusURL, httpMethod: "GET", lookbackInterval: 12 * 60 * 60 * 1000 } })
     .activateLinter(true);
+  // In a shadow root: there CodeMirror's styles are constructed stylesheets (adoptedStyleSheets),
+  // which the console's CSP (no inline style) allows; in the document they would be <style> tags.
+  const host = document.createElement("div");
+  host.className = "promql-editor";
+  const shadow = host.attachShadow({ mode: "open" });
   const view = new EditorView({
+    root: shadow,
+    parent: shadow,
     state: EditorState.create({
       doc: textarea.value,
       extensions: [
@@ -28,9 +35,8 @@ function mount(textarea, prometheusURL) {
       ],
     }),
   });
-  textarea.style.display = "none";
-  textarea.parentNode.insertBefore(view.dom, textarea.nextSibling);
-  view.dom.classList.add("promql-editor");
+  textarea.hidden = true;
+  textarea.parentNode.insertBefore(host, textarea.nextSibling);
   return view;
 }
 
