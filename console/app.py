@@ -269,6 +269,7 @@ def make_app(sources: Sources, runwatch: list[str] | None = None) -> Starlette:
     """The console's ASGI app, reading from sources; runwatch: how to run the command line."""
     app = Starlette(routes=ROUTES, middleware=[Middleware(SecurityHeaders)])
     app.state.console = Console(sources, runwatch)
+    app.state.form = _form  # how console/rules.py takes a form: this module's token and origin checks
     return app
 
 

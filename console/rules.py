@@ -292,9 +292,18 @@ def _run(console: Any, *args: str, timeout: float, progress: bool = True) -> tup
     return proc.returncode, shown.strip()
 
 
-def _find(request: Request) -> tuple[Any, Layout, Alert | None]:
-    from runwatch.console.app import _console  # the app's state (app.py imports this module's routes)
+def _console(request: Request) -> Any:
+    """The app's Console (console.app, which imports this module's routes)."""
+    return request.app.state.console
 
+
+async def _form(console: Any, request: Request) -> dict[str, str] | Response:
+    """The POSTed form, or the response that refuses it: console.app's own checks of the
+    console's token and the request's origin (make_app puts them in app.state.form)."""
+    return await request.app.state.form(console, request)
+
+
+def _find(request: Request) -> tuple[Any, Layout, Alert | None]:
     console = _console(request)
     layout = rules_root(console)
     name = request.path_params.get("alert", "")
@@ -303,8 +312,6 @@ def _find(request: Request) -> tuple[Any, Layout, Alert | None]:
 
 
 def rules_page(request: Request) -> Response:
-    from runwatch.console.app import _console
-
     console = _console(request)
     layout = rules_root(console)
     return console.render("rules.html", alerts=alerts_of(layout), root=layout.rules_dir)
@@ -325,8 +332,6 @@ def _render(console: Any, layout: Layout, alert: Alert, extra: dict, status: int
 
 
 async def backtest(request: Request) -> Response:
-    from runwatch.console.app import _form
-
     console, layout, alert = _find(request)
     if alert is None:
         return PlainTextResponse("404 no such alert\n", 404)
@@ -359,8 +364,6 @@ async def backtest(request: Request) -> Response:
 
 
 async def apply(request: Request) -> Response:
-    from runwatch.console.app import _form
-
     console, layout, alert = _find(request)
     if alert is None:
         return PlainTextResponse("404 no such alert\n", 404)
@@ -418,8 +421,6 @@ def plot_image(request: Request) -> Response:
 
 def prometheus_api(request: Request) -> Response:
     """GET only, a few metadata endpoints: what the editor's completion reads, nothing it could change."""
-    from runwatch.console.app import _console
-
     path = request.path_params["path"]
     if not PROXIED.fullmatch(path):
         return JSONResponse({"status": "error", "error": f"not passed through: /api/v1/{path}"}, 404)

@@ -40,7 +40,6 @@ import dataclasses
 import gc
 import json
 import os
-import random
 import re
 import signal
 import statistics
@@ -57,9 +56,11 @@ import yaml
 
 from runwatch import exporter, trainer
 from runwatch.backtest import remote_write, signatures
+from runwatch.backtest import sweep as workbench
 from runwatch.backtest.datacache import DataCache, default_root, key_of
 from runwatch.backtest.inline import Inliner, references
 from runwatch.backtest.remote_write import push, write_request
+from runwatch.backtest.sweep import Strengths, parse_strengths
 from runwatch.core.command import Command, UsageError, check_writable, config_error, number
 from runwatch.core.files import write_atomic
 from runwatch.core.names import CLUSTER_ALERTS, LOOPBACK, META_GROUP, PORTS
@@ -68,7 +69,7 @@ from runwatch.exporter.metrics import STEP
 from runwatch.prom.server import Process, free_port, prometheus_argv, query_range
 from runwatch.prom.tools import binary, run_tool
 from runwatch.trainer.batch import train_columns
-from runwatch.trainer.config import MAX_RANKS, MAX_SEED, SCALED_INCIDENTS, ConfigError, TrainConfig
+from runwatch.trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
 from runwatch.trainer.live import SCRAPE_PHASE
 from runwatch.trainer.offline import DEFAULT_START, FAMILIES, OfflineRun, series
 from runwatch.trainer.run import struck_rank
@@ -123,69 +124,6 @@ def parse_seeds(text: str) -> list[int]:
             raise UsageError(f"--seeds: at most {MAX_SEEDS} seeds in one backtest, got {text!r}")
         seeds.update(range(lo, hi + 1))
     return sorted(seeds)
-
-
-# --strengths: a range is cut into this many bands of equal width for the table
-STRENGTH_BANDS = 4
-
-
-@dataclass(frozen=True)
-class Strengths:
-    """Each incident run's strength (trainer.config's TrainConfig.strength), drawn from its seed
-    and incident: uniformly over [low, high], to the thousandth, or from `values` in turn by seed.
-    A healthy run and a fault have none (1).
-
-        >>> Strengths(values=(0.1, 0.5)).of(7, "lr_spike")
-        0.5
-    """
-
-    low: float = 1.0
-    high: float = 1.0
-    values: tuple[float, ...] = ()
-
-    @property
-    def spec(self) -> str:
-        return ",".join(f"{v:g}" for v in self.values) if self.values else f"{self.low:g}-{self.high:g}"
-
-    def of(self, seed: int, incident: str) -> float:
-        if incident not in SCALED_INCIDENTS:
-            return 1.0
-        if self.values:
-            return self.values[seed % len(self.values)]
-        u = random.Random(f"strength/{seed}/{incident}").random()  # a str seed: the same on every machine
-        return round(self.low + u * (self.high - self.low), 3)
-
-    def bands(self) -> list[tuple[float, float]]:
-        """The table's strength bands, weakest first: each value of a list, or a range in equal parts."""
-        if self.values:
-            return [(v, v) for v in sorted(set(self.values))]
-        width = (self.high - self.low) / STRENGTH_BANDS
-        return [(self.low + i * width, self.low + (i + 1) * width) for i in range(STRENGTH_BANDS)]
-
-    def band(self, strength: float) -> str:
-        """The band a run's strength falls in, as the table names it."""
-        for lo, hi in self.bands():
-            if lo == hi == strength or lo <= strength < hi or strength == hi == self.high:
-                return f"{lo:g}" if lo == hi else f"{lo:.2f}-{hi:.2f}"
-        return f"{strength:g}"
-
-
-def parse_strengths(text: str) -> Strengths:
-    """'0.05-1' (a range) or '0.1,0.3,1' (a list) -> Strengths; UsageError naming --strengths otherwise."""
-    usage = f"--strengths: expected a range like 0.05-1 or a list like 0.1,0.3,1 of strengths in (0, 1], got {text!r}"
-    number_ = r"\s*(\d*\.?\d+(?:[eE][-+]?\d+)?)\s*"
-    m = re.fullmatch(f"{number_}-{number_}", text)
-    try:
-        values = (float(m[1]), float(m[2])) if m else tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise UsageError(usage) from None
-    if not all(0.001 <= v <= 1 for v in values):  # NaN fails too; a thousandth is the finest drawn
-        raise UsageError(usage)
-    if m is None:
-        return Strengths(values=values)
-    if values[0] >= values[1]:
-        raise UsageError(f"--strengths: the range {text} must run from a weaker strength to a stronger one")
-    return Strengths(low=values[0], high=values[1])
 
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
@@ -705,29 +643,15 @@ def backtest(
     rules read (runwatch.backtest.sweep's variants of one alert), evaluated beside them."""
     progress = progress or Progress()
     promtool, prometheus = binary("promtool"), binary("prometheus")
-    rules = load_rules(rules_dir, promtool)
-    if edit is not None:
-        rules = edit(rules)
+    rules = (edit or (lambda r: r))(load_rules(rules_dir, promtool))
     workers = workers or os.cpu_count() or 1
     timings: dict[str, float] = {}
     families = families_read(rules)
     key = cache_key(seeds, incidents, precision, families, prometheus, ranks, strengths) if cache is not None else ""
     with tempfile.TemporaryDirectory(prefix="runwatch-backtest-") as tmp:
         t0 = time.perf_counter()
-        meta, samples, cached = _load(
-            seeds,
-            incidents,
-            Path(tmp),
-            families,
-            prometheus,
-            workers,
-            precision,
-            progress,
-            cache,
-            key,
-            ranks,
-            strengths,
-        )
+        meta, samples, cached = _load(seeds, incidents, Path(tmp), families, prometheus, workers, precision,
+                                      progress, cache, key, ranks, strengths)  # fmt: skip
         timings["train_and_load"] = time.perf_counter() - t0
         prom = _throwaway(prometheus, Path(tmp), meta)
         how = plan(rules, prom.start, inline, schedule)
@@ -747,6 +671,15 @@ def backtest(
         )
         timings["alerts"] = time.perf_counter() - t0
 
+    runs = _runs(meta, alerts, first, step_at, began, named, ranks)
+    return Result(runs, unattributed, alerts, timings, samples, cached, ranks)
+
+
+def _runs(
+    meta: list[dict], alerts: list[str], first: dict, step_at: dict, began: dict, named: dict, ranks: int
+) -> list[dict]:
+    """Each run's readouts, in the table's order: its first fire of each alert (a step; a fault's
+    seconds after it too), how often each began to fire, and for ranks the ranks named."""
     runs = []
     for m in sorted(meta, key=lambda m: (ALL_INCIDENTS.index(m["incident"]), m["seed"])):
         fires = first[m["run_id"]]
@@ -759,7 +692,7 @@ def backtest(
         if ranks > 1:  # which ranks each alert named when it first fired
             run["named_ranks"] = {a: sorted(r, key=int) for a, r in named[m["run_id"]].items() if r}
         runs.append(run)
-    return Result(runs, unattributed, alerts, timings, samples, cached, ranks)
+    return runs
 
 
 # --- reporting ---
@@ -978,6 +911,27 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     return run
 
 
+def _workbench_report(
+    summary: dict, result: Result, in_force: Result, rules_dir: Path, strengths: Strengths | None,
+    swept: workbench.Sweep | None, plot: Path | None,
+) -> None:  # fmt: skip
+    """--strengths' table by band and --sweep's trade-off (runwatch.backtest.sweep), printed and
+    kept in the summary; --plot's figure."""
+    if strengths is not None:
+        summary["by_strength"] = workbench.catches(in_force, strengths, in_force.alerts)
+        print("\n" + workbench.catches_table(summary["by_strength"], in_force.alerts))
+    if swept is None:
+        return
+    written = [r for f in Layout().rule_files(rules_dir) for g in (yaml.safe_load(f.read_text()) or {}).get(
+        "groups", []) for r in g.get("rules", [])]  # fmt: skip
+    rows = workbench.trade_off(result, swept, strengths, workbench.in_force(written, swept))
+    summary["sweep"] = {"alert": swept.alert, "field": swept.field, "values": list(swept.values), "rows": rows}
+    print("\n" + workbench.sweep_table(rows, swept))
+    if plot is not None:
+        workbench.plot(rows, swept, plot)
+        print(f"backtest: wrote the trade-off to {plot}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     default = signatures.INCIDENTS + (signatures.CLUSTER_INCIDENTS if args.ranks > 1 else ())
@@ -998,8 +952,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_writable(args.json, "--json")
     strengths = None if args.strengths is None else parse_strengths(args.strengths)
-    from runwatch.backtest import sweep as workbench  # it reads this module's results
-
     swept = None if args.sweep is None else workbench.parse_sweep(args.sweep)
     if args.plot is not None:
         if swept is None:
@@ -1028,18 +980,7 @@ def run(args: argparse.Namespace) -> int:
     summary = summarise(in_force)
     summary["seconds"]["total"] = round(wall, 1)
     print(report(summary, in_force.alerts))
-    if strengths is not None:
-        summary["by_strength"] = workbench.catches(in_force, strengths, in_force.alerts)
-        print("\n" + workbench.catches_table(summary["by_strength"], in_force.alerts))
-    if swept is not None:
-        written = [r for f in Layout().rule_files(rules_dir) for g in (yaml.safe_load(f.read_text()) or {}).get(
-            "groups", []) for r in g.get("rules", [])]  # fmt: skip
-        rows = workbench.trade_off(result, swept, strengths, workbench.in_force(written, swept))
-        summary["sweep"] = {"alert": swept.alert, "field": swept.field, "values": list(swept.values), "rows": rows}
-        print("\n" + workbench.sweep_table(rows, swept))
-        if args.plot is not None:
-            workbench.plot(rows, swept, args.plot)
-            print(f"backtest: wrote the trade-off to {args.plot}", file=sys.stderr)
+    _workbench_report(summary, result, in_force, rules_dir, strengths, swept, args.plot)
     over = f" over {args.ranks} ranks" if args.ranks > 1 else ""
     print(f"\n{len(result.runs)} {args.precision} runs{over} ({len(seeds)} seeds x {len(incidents)} incidents), "
           f"{result.samples:,} samples{' (from the cache)' if result.cached else ''}, in {wall:.1f}s")  # fmt: skip

@@ -24,22 +24,88 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import random
 import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runwatch.backtest import signatures
-from runwatch.backtest.backtest import Result, Rules, Strengths, duration_seconds
 from runwatch.backtest.inline import references
 from runwatch.core.command import UsageError
 from runwatch.core.files import write_atomic
-from runwatch.trainer.config import TrainConfig
+from runwatch.trainer.config import SCALED_INCIDENTS, TrainConfig
 
 THRESHOLD = "alert:runwatch_threshold:ratio"  # alerts.yml: one recording per alert, labelled alertname
 MAX_VALUES = 32  # each value is one more query over every run
 ONSET = TrainConfig().onset  # the backtest's runs all start their incident here
 HOUR = 3600.0
+# what the backtest passes in: its Rules (alerting, recording, alert_at) and its Result (runs)
+Rules = Result = Any
+
+
+# --strengths: a range is cut into this many bands of equal width for the table
+STRENGTH_BANDS = 4
+
+
+@dataclass(frozen=True)
+class Strengths:
+    """Each incident run's strength (trainer.config's TrainConfig.strength), drawn from its seed
+    and incident: uniformly over [low, high], to the thousandth, or from `values` in turn by seed.
+    A healthy run and a fault have none (1).
+
+        >>> Strengths(values=(0.1, 0.5)).of(7, "lr_spike")
+        0.5
+    """
+
+    low: float = 1.0
+    high: float = 1.0
+    values: tuple[float, ...] = ()
+
+    @property
+    def spec(self) -> str:
+        return ",".join(f"{v:g}" for v in self.values) if self.values else f"{self.low:g}-{self.high:g}"
+
+    def of(self, seed: int, incident: str) -> float:
+        if incident not in SCALED_INCIDENTS:
+            return 1.0
+        if self.values:
+            return self.values[seed % len(self.values)]
+        u = random.Random(f"strength/{seed}/{incident}").random()  # a str seed: the same on every machine
+        return round(self.low + u * (self.high - self.low), 3)
+
+    def bands(self) -> list[tuple[float, float]]:
+        """The table's strength bands, weakest first: each value of a list, or a range in equal parts."""
+        if self.values:
+            return [(v, v) for v in sorted(set(self.values))]
+        width = (self.high - self.low) / STRENGTH_BANDS
+        return [(self.low + i * width, self.low + (i + 1) * width) for i in range(STRENGTH_BANDS)]
+
+    def band(self, strength: float) -> str:
+        """The band a run's strength falls in, as the table names it."""
+        for lo, hi in self.bands():
+            if lo == hi == strength or lo <= strength < hi or strength == hi == self.high:
+                return f"{lo:g}" if lo == hi else f"{lo:.2f}-{hi:.2f}"
+        return f"{strength:g}"
+
+
+def parse_strengths(text: str) -> Strengths:
+    """'0.05-1' (a range) or '0.1,0.3,1' (a list) -> Strengths; UsageError naming --strengths otherwise."""
+    usage = f"--strengths: expected a range like 0.05-1 or a list like 0.1,0.3,1 of strengths in (0, 1], got {text!r}"
+    number_ = r"\s*(\d*\.?\d+(?:[eE][-+]?\d+)?)\s*"
+    m = re.fullmatch(f"{number_}-{number_}", text)
+    try:
+        values = (float(m[1]), float(m[2])) if m else tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(usage) from None
+    if not all(0.001 <= v <= 1 for v in values):  # NaN fails too; a thousandth is the finest drawn
+        raise UsageError(usage)
+    if m is None:
+        return Strengths(values=values)
+    if values[0] >= values[1]:
+        raise UsageError(f"--strengths: the range {text} must run from a weaker strength to a stronger one")
+    return Strengths(low=values[0], high=values[1])
 
 
 @dataclass(frozen=True)
@@ -98,14 +164,15 @@ def parse_sweep(text: str) -> Sweep:
 def _value(text: str, field: str) -> float:
     if field == "threshold":
         return float(text)
-    seconds = duration_seconds(text)
-    if seconds != seconds or seconds != int(seconds):  # the rules evaluate every second
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    seconds = sum(int(n) * units[u] for n, u in re.findall(r"(\d+)(ms|s|m|h)", text))
+    if seconds != int(seconds):  # the rules evaluate every second
         raise UsageError(f"--sweep: a for: must be whole seconds, got {text!r}")
     return seconds
 
 
 def variants(sweep: Sweep):
-    """An edit of the backtest's rules (backtest(edit=...)): the alert's variants added beside it."""
+    """An edit of the backtest's rules (backtest(edit=...), its Rules): the alert's variants added beside it."""
 
     def edit(rules: Rules) -> Rules:
         found = [i for i, r in enumerate(rules.alerting) if r["alert"] == sweep.alert]
