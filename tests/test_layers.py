@@ -203,9 +203,9 @@ def test_the_pager_stands_alone():
 # copy of the PromQL). Not the lab, the drill or the command line: it acts through `runwatch ack`
 # and `runwatch diagnose`.
 CONSOLE_USES = {
-    "runwatch.core.command", "runwatch.core.names", "runwatch.core.paths", "runwatch.core.addresses", "runwatch.core.files",
+    "runwatch.core.command", "runwatch.core.names", "runwatch.core.paths", "runwatch.core.addresses",
     "runwatch.readouts.dashboard_queries", "runwatch.readouts.picture", "runwatch.prom.server",
-    "runwatch.trainer.config",
+    "runwatch.trainer.config", "runwatch.core.files",
 }  # fmt: skip
 
 
