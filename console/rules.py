@@ -50,7 +50,7 @@ DURATION = re.compile(r"(?:\d+(?:ms|s|m|h|d|w|y))+")
 NUMBER = re.compile(r"\d*\.?\d+(?:[eE][-+]?\d+)?")
 SEEDS = re.compile(r"\d{1,4}(?:-\d{1,4})?")
 STRENGTHS = re.compile(r"\d*\.?\d+-\d*\.?\d+|\d*\.?\d+(?:,\d*\.?\d+)*")
-MAX_EXPR = 4000  # characters: far more than any rule here, little enough to refuse a paste gone wrong
+MAX_EDIT_EXPR = 4000  # characters: far more than any rule here, little enough to refuse a paste gone wrong
 BACKTEST_TIMEOUT_S = 600  # a cold backtest of 100 seeds is 10 s quiet, a minute on a loaded machine
 KEPT_PLOTS = 20
 PROXIED = re.compile(r"labels|label/[A-Za-z_][A-Za-z0-9_]*/values|series|metadata")
@@ -216,8 +216,8 @@ class Edit:
         expr = form.get("expr", "").replace("\r\n", "\n")
         if not expr.strip():
             raise EditError("expr: an alert needs an expression")
-        if len(expr) > MAX_EXPR or "\0" in expr:
-            raise EditError(f"expr: at most {MAX_EXPR} characters of text")
+        if len(expr) > MAX_EDIT_EXPR or "\0" in expr:
+            raise EditError(f"expr: at most {MAX_EDIT_EXPR} characters of text")
         hold = form.get("for", "").strip()
         if hold and not DURATION.fullmatch(hold):
             raise EditError(f"for: a duration such as 10s or 1m, or empty for none, got {hold!r}")
@@ -376,10 +376,11 @@ async def apply(request: Request) -> Response:
         old, text = edit.text()
     except EditError as err:
         return _render(console, layout, alert, {"form": shown, "problem": str(err)}, 400)
-    if text == old:
-        return _render(
-            console, layout, alert, {"form": shown, "problem": "nothing to apply: the rule is as written"}, 400
-        )
+    state = console.sources.state_dir
+    if text == old or state is None or not (state / "lab.json").is_file():
+        problem = ("nothing to apply: the rule is as written" if text == old else
+                   "Apply reloads a lab: start the console with the lab's --state-dir (runwatch up does)")  # fmt: skip
+        return _render(console, layout, alert, {"form": shown, "problem": problem}, 400)
     bench = _workbench(request)
     with bench.lock:  # one apply at a time: each checks and writes what the last one left
         code, said = await run_in_threadpool(_check_and_write, console, layout, alert.file, old, text)
@@ -404,8 +405,7 @@ def _check_and_write(console: Any, layout: Layout, path: Path, old: str, text: s
         return code, said.replace(str(root), str(layout.root))
     write_atomic(path.with_name(path.name + ".previous"), old)
     write_atomic(path, text)
-    state = console.sources.state_dir
-    code, said = _run(console, "reload", *([f"--state-dir={state}"] if state else []), timeout=120)
+    code, said = _run(console, "reload", f"--state-dir={console.sources.state_dir}", timeout=120)
     if code != 0 and "refused" in said:
         write_atomic(path, old)
     return code, said
