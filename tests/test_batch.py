@@ -39,14 +39,14 @@ def test_every_lane_is_the_one_run_trainer_bit_for_bit():
         assert same_records(Trainer(cfg).run(), records) == [], cfg.label
 
 
-# Strengths from the weakest a backtest draws to the plate's, on every incident that has one;
-# several strengths of one incident and seed in one batch, as a backtest's --strengths trains them.
-STRENGTHS = (0.05, 0.1, 0.37, 0.5, 1.0)
+# The weakest strength a backtest draws and one between, on every incident that has one, beside
+# the plate's: several strengths of one incident and seed in one batch, as --strengths trains them.
+STRENGTHS = (0.05, 0.37, 1.0)
 
 
 def test_every_strength_is_the_one_run_trainer_bit_for_bit():
-    configs = [TrainConfig(seed=s, incident=i, strength=x) for s in SEEDS[:2] for i in INCIDENTS if i != "none"
-               for x in STRENGTHS] + [TrainConfig(seed=s) for s in SEEDS[:2]]  # fmt: skip
+    configs = [TrainConfig(seed=137, incident=i, strength=x) for i in INCIDENTS if i != "none"
+               for x in STRENGTHS] + [TrainConfig(seed=137)]  # fmt: skip
     for cfg, records in zip(configs, train_many(configs), strict=True):
         assert same_records(Trainer(cfg).run(), records) == [], cfg.label
 
@@ -66,7 +66,9 @@ def test_a_strength_makes_a_smaller_incident_on_its_scale():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("incident", ["lr_spike:0.1", "corrupt_shard:0.2", "repeated_batch:0.3", "slow_node:0.27"])
+# one of them through the command line: the lanes' arithmetic is checked at every strength above,
+# and the writer reads a weaker lane as any other
+@pytest.mark.parametrize("incident", ["repeated_batch:0.3"])
 def test_a_weaker_lane_writes_the_file_runwatch_train_offline_writes(tmp_path, incident):
     name, strength = incident.split(":")
     cfg = TrainConfig(seed=137, incident=name, strength=float(strength))

@@ -1,7 +1,11 @@
 """The rule workbench in the terminal: `runwatch backtest --strengths` and `--sweep`, through a
-real Prometheus. A sweep's value is the backtest of the same edit, run by run."""
+real Prometheus. A sweep's value is the backtest of the same edit, run by run.
+
+The backtests that train and sweep are in the slow tier (`make test-slow`, about 2 minutes on
+2 workers): `make test` keeps the parsers and one bad input of each flag."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +44,7 @@ def swept(tmp_path_factory) -> dict:
     return {"tmp": tmp, "stdout": res.stdout, "doc": json.loads((tmp / "s.json").read_text())}
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.parametrize("value", ["1.5", "4"])
 def test_a_sweeps_value_is_the_backtest_of_the_same_edit(swept, tmp_path, value):
@@ -66,6 +71,7 @@ def test_a_sweeps_value_is_the_backtest_of_the_same_edit(swept, tmp_path, value)
     assert any(v is not None for v in single.values())
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_the_rule_in_force_reads_the_same_in_its_row_and_as_a_variant(swept):
     rows = swept["doc"]["summary"]["sweep"]["rows"]
@@ -82,6 +88,7 @@ def test_the_rule_in_force_reads_the_same_in_its_row_and_as_a_variant(swept):
     assert set(doc["summary"]["by_strength"]["lr_spike"]) == {"0.1", "0.3", "1"}
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_a_for_sweep_reads_each_for(tmp_path):
     res = backtest("--seeds", "100-101", "--incidents", "none,repeated_batch", "--sweep", "HeldOutGap.for=20s,30s",
@@ -97,11 +104,7 @@ def test_a_for_sweep_reads_each_for(tmp_path):
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "args, flag",
-    [(["--sweep", "Meteor=1,2"], "--sweep"), (["--sweep", "TrainingLossJump=a,b"], "--sweep"),
-     (["--sweep", "TrainingLossJump"], "--sweep"), (["--sweep", "HeldOutGap.for=5"], "--sweep"),
-     (["--strengths", "0-1"], "--strengths"), (["--strengths", "1-0.5"], "--strengths"),
-     (["--strengths", "0.5,2"], "--strengths"), (["--plot", "x.png"], "--plot"),
-     (["--sweep", "HeldOutGap=1,2", "--plot", "x.svg"], "--plot"),
+    [(["--sweep", "Meteor=1,2"], "--sweep"), (["--strengths", "0-1"], "--strengths"),
      (["--sweep", "HeldOutGap=1,2", "--plot", "no/such/dir/x.png"], "--plot")],
 )  # fmt: skip
 def test_bad_workbench_flags_are_one_line_and_write_nothing(tmp_path, args, flag):
@@ -121,6 +124,21 @@ def test_an_alert_without_its_threshold_recording_cannot_sweep_it(tmp_path):
     assert res.returncode == 2 and "HeldOutGap.for=" in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize(
+    "text", ["TrainingLossJump=a,b", "TrainingLossJump", "HeldOutGap.for=5", "HeldOutGap.for=1.5s", "=1,2",
+             "HeldOutGap=5-2:1", "HeldOutGap=1-2:0"],
+)  # fmt: skip
+def test_each_bad_sweep_is_refused_naming_the_flag(text):
+    with pytest.raises(UsageError, match="^--sweep: "):
+        parse_sweep(text)
+
+
+@pytest.mark.parametrize("text", ["0-1", "1-0.5", "0.5,2", "a-b", "0.5,", "nan", "0.0001,1"])
+def test_each_bad_strengths_is_refused_naming_the_flag(text):
+    with pytest.raises(UsageError, match="^--strengths: "):
+        parse_strengths(text)
+
+
 def test_the_parsers():
     assert parse_sweep("TrainingLossJump=2-3:0.5").values == ("2", "2.5", "3")
     assert parse_sweep("HeldOutGap.for=0s-20s:10s").values == ("0s", "10s", "20s")
@@ -133,3 +151,21 @@ def test_the_parsers():
     assert drawn == Strengths(0.05, 1.0) and drawn.of(3, "none") == 1.0 and drawn.of(3, "hang") == 1.0
     assert drawn.of(3, "lr_spike") == drawn.of(3, "lr_spike") and 0.05 <= drawn.of(3, "lr_spike") <= 1
     assert [drawn.band(s) for s in (0.05, 0.28, 0.3, 1.0)] == ["0.05-0.29", "0.05-0.29", "0.29-0.53", "0.76-1.00"]
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [(["--plot", "x.png"], "--plot: draws a sweep's trade-off"),
+     (["--sweep", "HeldOutGap=1,2", "--plot", "x.svg"], "--plot: writes a PNG")],
+)  # fmt: skip
+def test_a_plot_needs_a_sweep_and_a_png_and_is_refused_before_anything_runs(tmp_path, monkeypatch, args, said):
+    import argparse
+
+    from runwatch.backtest import backtest as bt
+
+    monkeypatch.chdir(tmp_path)
+    p = argparse.ArgumentParser()
+    command = bt.add_arguments(p)
+    with pytest.raises(UsageError, match=f"^{re.escape(said)}"):
+        command(p.parse_args(["--seeds", "0", *args]))
+    assert list(tmp_path.iterdir()) == []
