@@ -57,7 +57,11 @@ def test_a_sweeps_value_is_the_backtest_of_the_same_edit(swept, tmp_path, value)
     single = fires(json.loads((tmp_path / "e.json").read_text()), "TrainingLossJump")
     rows = {r["alert"]: r for r in swept["doc"]["summary"]["sweep"]["rows"]}
     variant = f"TrainingLossJump@{value}"
-    # the sweep's JSON keeps only the rules in force per run; its rows hold each value's counts
+    # run by run: the variant's first fire is the edited rule's, and so are its pages
+    assert fires(swept["doc"], variant) == single
+    began = {r["run_id"]: r["began"]["TrainingLossJump"] for r in json.loads((tmp_path / "e.json").read_text())["runs"]}
+    assert {r["run_id"]: r["began"][variant] for r in swept["doc"]["runs"]} == began
+    # and the sweep's row counts them as the single backtest's report does
     edited = json.loads((tmp_path / "e.json").read_text())["summary"]
     assert rows[variant]["caught_total"] == sum(
         s is not None and s >= 300 for rid, s in single.items() if not rid.startswith("none")
