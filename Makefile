@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 # DNS); debootstrap and busybox-static build the substitute images (compose/podman/README.md).
 PODMAN_APT_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap busybox-static
 
-.PHONY: lab test test-unit test-slow test-compose binaries browser compose-runtime lint bench console-vendor
+.PHONY: lab test test-unit test-slow test-compose binaries browser compose-runtime lint bench console-vendor console-editor
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -66,8 +66,9 @@ TEST_WORKERS ?= 6
 test: $(VENV)/.installed binaries browser apt-compose-cli
 	$(PYTEST) -m "not compose and not slow" -n $(TEST_WORKERS) --dist loadgroup
 
-# Minutes of lab time a case (tests/test_backtest_live.py): a tier of its own, run by .ci/run.
-test-slow: $(VENV)/.installed binaries
+# Minutes of lab time a case (tests/test_backtest_live.py, the Rules page's browser round-trip,
+# the workbench's sweeps): a tier of its own, run by .ci/run.
+test-slow: $(VENV)/.installed binaries browser
 	$(PYTEST) -m slow -n 2
 
 test-unit: $(VENV)/.installed
@@ -91,3 +92,9 @@ console-vendor:
 	tmp=$$(mktemp -d) && cd $$tmp && npm pack -q uplot@$(UPLOT_VERSION) && tar xzf uplot-$(UPLOT_VERSION).tgz \
 	  && cp package/dist/uPlot.iife.min.js package/dist/uPlot.min.css $(CURDIR)/console/static/vendor/ \
 	  && cp package/LICENSE $(CURDIR)/console/static/vendor/uPlot.LICENSE && rm -rf $$tmp
+
+# The Rules page's PromQL editor: CodeMirror 6 and @prometheus-io/codemirror-promql at the versions
+# of console/editor/package-lock.json, bundled by esbuild (from npm, pinned there too) into one
+# file, with every bundled package's licence beside it (console/editor/build.sh).
+console-editor:
+	console/editor/build.sh

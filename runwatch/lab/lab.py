@@ -138,7 +138,11 @@ def evaluation_errors(prometheus: str) -> list[str]:
 
 def add_up(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
-    p.add_argument("--incident", default="none", help="incident for the trainer, or random for a drill")
+    p.add_argument(
+        "--incident",
+        default="none",
+        help="incident for the trainer (INCIDENT:STRENGTH for a smaller one), or random for a drill",
+    )
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--onset", type=STEP, default=None)
     p.add_argument("--fast-forward", type=STEP, default=0, metavar="STEP")

@@ -44,7 +44,7 @@ from runwatch.core.paths import Layout
 from runwatch.drill.answer import answer_path, seal_answer
 from runwatch.prom.server import free_port, free_ports_in_a_row, port_is_free, prometheus_argv, wait_ready
 from runwatch.prom.tools import binary
-from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, TrainConfig, draw_drill
+from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, TrainConfig, draw_drill, parse_incident
 
 # Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
 # where a learner's browser reaches each server, natively and through compose's published ports,
@@ -393,15 +393,18 @@ def add_ports(p: argparse.ArgumentParser) -> None:
 
 def check_run(args: argparse.Namespace) -> None:
     """Refuse, before anything starts, a run the trainer would refuse once started."""
-    if args.incident not in (*INCIDENTS, *CLUSTER_INCIDENTS, "random"):
+    try:
+        name, strength = ("none", 1.0) if args.incident == "random" else parse_incident(args.incident)
+    except ConfigError as err:
+        raise UsageError(f"--incident: {err.problem}") from None
+    if name not in (*INCIDENTS, *CLUSTER_INCIDENTS, "none"):
         known = ", ".join((*INCIDENTS, *CLUSTER_INCIDENTS))
         raise UsageError(f"--incident: unknown incident {args.incident!r}; choose one of {known}, random")
-    incident = "none" if args.incident == "random" else args.incident
-    cfg = TrainConfig(incident=incident, seed=args.seed, precision=args.precision, ranks=args.ranks)
+    cfg = TrainConfig(incident=name, strength=strength, seed=args.seed, precision=args.precision, ranks=args.ranks)
     try:
         dataclasses.replace(cfg, onset=cfg.onset if args.onset is None else args.onset).validate()
     except ConfigError as err:
-        raise config_error(err) from None
+        raise (UsageError(f"--incident: {err.problem}") if err.field == "strength" else config_error(err)) from None
 
 
 def up(args: argparse.Namespace) -> int:
