@@ -11,11 +11,13 @@ kubectl come from `make k8s-tools` (charts/fetch-k8s-tools.sh).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -545,3 +547,57 @@ def test_the_monitors_relabelings_give_every_series_run_id_rank_and_node(rendere
     assert {(s["metric"]["run_id"], s["metric"]["node"]) for s in trained} == {(run_id, "gpu-node-a")}
     assert targets[("launcher", "")]["metric"]["run_id"] == run_id
     assert not [s for s in trained if any(k.startswith("exported_") for k in s["metric"])]
+
+
+# --- the Job's pods: the lab's launcher over MPICH, no SSH ---
+
+
+@pytest.mark.integration
+def test_the_job_s_pods_run_the_lab_s_launcher_over_mpich_without_ssh(tmp_path):
+    """The two-rank Job's pod command, run as two pods would run it: pod 0's launcher
+    (`runwatch train --ranks 2`) and pod 1, each with its own JOB_COMPLETION_INDEX, on two
+    loopback addresses in the place of the pods' names (127.0.0.1 and 127.0.0.2), the rendered
+    script otherwise unchanged; the run is shortened (20 steps of 0.05 s) and waits for no
+    Prometheus. Both ranks train, over MPICH's manual launch, and the run completes."""
+    [job] = of_kind(render(*STACK, "--set", "trainer.ranks=2"), "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    shell, flag, script, *argv = container["command"]
+    name = job["metadata"]["name"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    bin_dir = Path(sys.executable).parent
+    argv = [a.replace("/data/runs", str(tmp_path / "runs")) for a in argv if a != "--wait-for-prometheus"]
+    argv = [str(bin_dir / "runwatch") if a == "runwatch" else "--hold=0" if a.startswith("--hold") else a for a in argv]
+    argv += ["--steps=20", "--onset=10", "--step-seconds=0.05"]
+    pods = []
+    for index in (1, 0):
+        hosts = tmp_path / f"hosts-{index}"  # each pod's own /tmp
+        text = edit_text(script, f"launcher={name}-0.{name}", "launcher=127.0.0.1")
+        text = edit_text(text, f'"{name}-$i.{name}:1"', '"127.0.0.$((i + 1)):1"')
+        text = edit_text(text, env["HYDRA_HOST_FILE"], str(hosts))
+        pod_env = {**os.environ, **env, "HYDRA_HOST_FILE": str(hosts), "JOB_COMPLETION_INDEX": str(index),
+                   "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "MPLCONFIGDIR": str(tmp_path)}  # fmt: skip
+        # into a file: pod 0's proxy, in the background, holds its output open after the launcher ends
+        with open(tmp_path / f"pod-{index}.log", "w") as log:
+            pods.append(subprocess.Popen(
+                [shell, flag, text, *argv], env=pod_env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            ))  # fmt: skip
+    try:
+        pods[1].wait(timeout=120)  # the launcher's pod: 20 steps of 0.05 s, and the ranks' start
+        out = (tmp_path / "pod-0.log").read_text() + (tmp_path / "pod-1.log").read_text()
+    finally:
+        for pod in pods:  # pod 1's proxy loops until the Job ends it (successPolicy)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.pid, signal.SIGTERM)
+            pod.wait(timeout=30)
+    assert pods[1].returncode == 0, out[-3000:]
+    assert "run none-0 rank 1: serving http://0.0.0.0:8101/metrics" in out  # started by pod 1's proxy
+    assert "run none-0: completed" in out
+    run = tmp_path / "runs" / "none-0"
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"
+    assert (run / "rank-1.json").exists()
+
+
+def edit_text(text: str, old: str, new: str) -> str:
+    assert old in text, f"the pod script no longer contains {old!r}"
+    return text.replace(old, new)
