@@ -396,6 +396,28 @@ def test_bad_values_are_refused_with_a_line_naming_the_field(values, says):
     assert res.stdout == "", "nothing rendered"
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "old, new, says",
+    [
+        ("  repeat_interval: 1h\n", "  repeat_interval: 1h\n  active_time_intervals: [office]\n",
+         "alertmanager/alertmanager.yml: route field active_time_intervals: the chart does not translate it"),
+        ("""['severity="warning"']""", "['severity~warning']",
+         'alertmanager/alertmanager.yml: matcher "severity~warning": expected name="value"'),
+    ],
+)  # fmt: skip
+def test_an_alertmanager_yml_the_chart_cannot_translate_is_refused_naming_what(tmp_path, old, new, says):
+    """The AlertmanagerConfig is read from the lab's file: what it cannot say in the CRD's words
+    stops the render with a line naming it, rather than being left out."""
+    for d in ("prometheus", "alertmanager", "grafana"):
+        shutil.copytree(REPO / d, tmp_path / d, symlinks=True)
+    shutil.copytree(CHART, tmp_path / "charts" / "runwatch", symlinks=True)
+    edit(tmp_path / "alertmanager" / "alertmanager.yml", old, new, count=1)
+    res = helm("template", RELEASE, "CHART", *STACK, chart=tmp_path / "charts" / "runwatch")
+    assert res.returncode == 1 and says in res.stderr, res.stderr
+    assert res.stdout == ""
+
+
 def test_the_chart_s_copies_of_the_trainer_s_limits_agree_with_it():
     """The schema's incidents and rank limit, and the template's batch, are the trainer's."""
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["trainer"]["properties"]
