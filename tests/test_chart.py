@@ -96,12 +96,11 @@ def test_each_render_holds_every_object_the_lab_runs(rendered):
     """One rank: no rank or launcher monitor, no headless Service; four: both, and a Job of four pods."""
     kinds = {name: sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs) for name, docs in rendered.items()}
     common = {
-        "AlertmanagerConfig/rw-runwatch", "ConfigMap/rw-runwatch-dashboard-machinery",
-        "ConfigMap/rw-runwatch-dashboard-watching-a-run", "Deployment/rw-runwatch-console",
-        "Deployment/rw-runwatch-pager", "Job/rw-runwatch-trainer", "PersistentVolumeClaim/rw-runwatch-pages",
-        "PodMonitor/rw-runwatch-trainer", "PrometheusRule/rw-runwatch-alerts", "PrometheusRule/rw-runwatch-baselines",
-        "PrometheusRule/rw-runwatch-cluster", "PrometheusRule/rw-runwatch-meta", "Service/rw-runwatch-console",
-        "Service/rw-runwatch-pager", "ServiceMonitor/rw-runwatch-pager",
+        "AlertmanagerConfig/rw-runwatch", "Deployment/rw-runwatch-console", "Deployment/rw-runwatch-pager",
+        "Job/rw-runwatch-trainer", "PersistentVolumeClaim/rw-runwatch-pages", "PodMonitor/rw-runwatch-trainer",
+        "Service/rw-runwatch-console", "Service/rw-runwatch-pager", "ServiceMonitor/rw-runwatch-pager",
+        *(f"PrometheusRule/rw-runwatch-{f.stem}" for f in (REPO / "prometheus" / "rules").glob("*.yml")),
+        *(f"ConfigMap/rw-runwatch-dashboard-{f.stem}" for f in (REPO / "grafana" / "dashboards").glob("*.json")),
     }  # fmt: skip
     cluster = {"PodMonitor/rw-runwatch-ranks", "PodMonitor/rw-runwatch-launcher", "Service/rw-runwatch-trainer"}
     assert set(kinds["one rank"]) == common
