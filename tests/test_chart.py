@@ -622,3 +622,80 @@ def test_the_job_s_pods_run_the_lab_s_launcher_over_mpich_without_ssh(tmp_path):
 def edit_text(text: str, old: str, new: str) -> str:
     assert old in text, f"the pod script no longer contains {old!r}"
     return text.replace(old, new)
+
+
+def service_monitor_relabelings(monitor: dict, n: int) -> list[dict]:
+    """The relabel_configs the operator (v0.93.0, generateServiceMonitorConfig, role endpoints)
+    writes for endpoint n of a ServiceMonitor, its own relabelings last."""
+    ep = monitor["spec"]["endpoints"][n]
+    target = ["__meta_kubernetes_endpoint_address_target_kind", "__meta_kubernetes_endpoint_address_target_name"]
+    out = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
+    for key, value in sorted(monitor["spec"]["selector"]["matchLabels"].items()):
+        label = sanitize(key)
+        sources = [f"__meta_kubernetes_service_label_{label}", f"__meta_kubernetes_service_labelpresent_{label}"]
+        out.append({"action": "keep", "source_labels": sources, "regex": f"({value});true"})
+    out += [
+        {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": ep["port"]},
+        {"source_labels": target, "regex": "Node;(.*)", "replacement": "${1}", "target_label": "node"},
+        {"source_labels": target, "regex": "Pod;(.*)", "replacement": "${1}", "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"},
+        {"target_label": "endpoint", "replacement": ep["port"]},
+    ]
+    return out + [snake(r) for r in ep.get("relabelings", [])]
+
+
+@pytest.mark.integration
+def test_the_pager_s_service_monitor_scrapes_it_as_job_pager(rendered, tmp_path):
+    """A real pager behind file_sd targets shaped as the endpoints of the rendered pager and
+    console Services, scraped with the relabel configuration the operator writes for the pager's
+    ServiceMonitor: one target, the pager, on job="pager" (PagerDown's `up{job="pager"}`)."""
+    from runwatch.oncall.pager import make_server
+
+    docs = rendered["one rank"]
+    [monitor] = of_kind(docs, "ServiceMonitor")
+    pager = make_server("127.0.0.1", 0, tmp_path / "pages.jsonl")
+    threading.Thread(target=pager.serve_forever, daemon=True).start()
+    groups = []
+    for service in of_kind(docs, "Service"):
+        component = service["metadata"]["labels"]["app.kubernetes.io/component"]
+        labels = {
+            "__meta_kubernetes_namespace": NAMESPACE, "__meta_kubernetes_service_name": service["metadata"]["name"],
+            "__meta_kubernetes_endpoint_address_target_kind": "Pod",
+            "__meta_kubernetes_endpoint_address_target_name": f"{service['metadata']['name']}-0",
+            "__meta_kubernetes_pod_name": f"{service['metadata']['name']}-0", "__meta_kubernetes_pod_phase": "Running",
+            "__meta_kubernetes_pod_container_name": component,
+        }  # fmt: skip
+        for key, value in service["metadata"]["labels"].items():
+            labels[f"__meta_kubernetes_service_label_{sanitize(key)}"] = value
+            labels[f"__meta_kubernetes_service_labelpresent_{sanitize(key)}"] = "true"
+        for port in service["spec"]["ports"]:
+            address = f"127.0.0.1:{pager.server_address[1]}" if component == "pager" else "127.0.0.1:9"
+            port_label = {"__meta_kubernetes_endpoint_port_name": port["name"]}
+            groups.append({"targets": [address], "labels": {**labels, **port_label}})
+    (tmp_path / "endpoints.json").write_text(json.dumps(groups))
+    jobs = [
+        {"job_name": f"serviceMonitor/{NAMESPACE}/{monitor['metadata']['name']}/{n}",
+         "scrape_interval": ep["interval"], "scrape_timeout": ep["scrapeTimeout"],
+         "file_sd_configs": [{"files": [str(tmp_path / "endpoints.json")]}],
+         "relabel_configs": service_monitor_relabelings(monitor, n)}
+        for n, ep in enumerate(monitor["spec"]["endpoints"])
+    ]  # fmt: skip
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({"scrape_configs": jobs}))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    argv = prometheus_argv(need("prometheus"), tmp_path / "prometheus.yml", tmp_path / "data", port)
+    try:
+        with Process(argv, f"{base}/-/ready", tmp_path / "prometheus.log"):
+            up = wait_for(lambda: instant(base, 'up{job="pager"}'), 30, "the pager's first scrape")
+            active = requests.get(f"{base}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+    finally:
+        threading.Thread(target=pager.shutdown, daemon=True).start()
+    assert len(active) == 1, [t["labels"] for t in active]
+    [series] = up
+    assert series["value"][1] == "1"
+    assert (series["metric"]["service"], series["metric"]["namespace"]) == ("rw-runwatch-pager", NAMESPACE)
