@@ -27,10 +27,13 @@ from runwatch.oncall.pager import (
     RUNBOOK_BASE,
     WATCHDOG_SILENT,
     WATCHDOG_TIMEOUT_S,
+    is_page,
     make_server,
+    read_incidents,
     read_pages,
     received_time,
     rfc3339_ms,
+    time_to_ack,
 )
 
 DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
@@ -77,6 +80,12 @@ def format_page(page: dict[str, Any]) -> str:
     '12:00:05  FIRING    TrainingLossJump      run=corrupt_shard-3  step=300'
     """
     clock = printable(str(page.get("received_at", ""))[11:19]) or "--:--:--"
+    if not is_page(page):  # an ack: who took the incident, and what they said
+        return "  ".join([
+            clock, "ACKED".ljust(8), printable(page.get("alert", "")).ljust(20),
+            f"run={printable(page.get('run_id') or '-')}",
+            f"by {printable(page.get('by') or '-')}: {printable(' '.join(str(page.get('comment', '')).split()))}",
+        ])  # fmt: skip
     summary = printable(" ".join(str(page.get("summary", "")).split()))  # one line, whatever the template made
     fields = [
         clock,
@@ -89,6 +98,27 @@ def format_page(page: dict[str, Any]) -> str:
         *([f"rule: {printable(rule)}"] if (rule := rule_text(page)) else []),
     ]
     return "  ".join(fields)
+
+
+def format_incident(incident: dict[str, Any]) -> str:
+    """One incident as one line: its state, alert, run, first page, pages, and its ack.
+
+    >>> format_incident({"state": "triggered", "alert": "HeldOutGap", "run_id": "r", "first_page":
+    ...                  "2024-05-01T12:00:05.000Z", "pages": [{}], "firing": False, "acked_at": ""})
+    'TRIGGERED     HeldOutGap            run=r  first page 12:00:05  1 page(s), its alert resolved  unacknowledged'
+    """
+    ack = "unacknowledged"
+    if incident.get("acked_at"):
+        ack = (
+            f"acked {incident['acked_at'][11:19]} by {incident.get('acked_by') or '-'} "
+            f"({time_to_ack(incident)} s after the first page): {' '.join(str(incident.get('comment')).split())}"
+        )
+    now = "its alert fires" if incident.get("firing") else "its alert resolved"
+    return printable("  ".join([
+        str(incident.get("state", "")).upper().ljust(12), str(incident.get("alert", "")).ljust(20),
+        f"run={incident.get('run_id') or '-'}", f"first page {str(incident.get('first_page', ''))[11:19]}",
+        f"{len(incident.get('pages', []))} page(s), {now}", ack,
+    ]))  # fmt: skip
 
 
 def rule_text(page: dict[str, Any]) -> str:
@@ -249,6 +279,20 @@ def follow(
             return
 
 
+def print_incidents(log_path: Path, since: float | None = None) -> None:
+    """After the pages, the incidents they make, open ones first: what is still to be acked."""
+    found = [
+        i for i in read_incidents(log_path)
+        if since is None or (received_time({"received_at": i["first_page"]}) or float("inf")) >= since
+    ]  # fmt: skip
+    if not found:
+        return
+    still = sum(i["state"] == "triggered" for i in found)
+    print(f"\nincidents ({still} unacknowledged: `runwatch ack ALERT --comment ...`):")
+    for incident in found:
+        print(f"  {format_incident(incident)}")
+
+
 def _interrupt(*_: object) -> NoReturn:
     raise KeyboardInterrupt
 
@@ -304,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             prometheus = lab_prometheus(args.log) if args.prometheus is None else args.prometheus
             unpaged = Unpaged(args.log, prometheus) if prometheus else None
             follow(args.log, follow=args.follow, unpaged=unpaged, since=since)
+            if not args.follow:
+                print_incidents(args.log, since)
     except OSError as e:
         print(f"{parser.prog}: --log: cannot read {args.log}: {e.strerror or e}", file=sys.stderr)
         return 2
