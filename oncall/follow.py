@@ -279,18 +279,26 @@ def follow(
             return
 
 
-def print_incidents(log_path: Path, since: float | None = None) -> None:
-    """After the pages, the incidents they make, open ones first: what is still to be acked."""
-    found = [
+def _incidents_since(log_path: Path, since: float | None) -> list[dict[str, Any]]:
+    return [
         i for i in read_incidents(log_path)
         if since is None or (received_time({"received_at": i["first_page"]}) or float("inf")) >= since
     ]  # fmt: skip
-    if not found:
-        return
-    still = sum(i["state"] == "triggered" for i in found)
-    print(f"\nincidents ({still} unacknowledged: `runwatch ack ALERT --comment ...`):")
-    for incident in found:
-        print(f"  {format_incident(incident)}")
+
+
+def print_incidents(log_path: Path, since: float | None = None) -> None:
+    """`runwatch pager --incidents`: one line per incident, open ones first, oldest first."""
+    for incident in _incidents_since(log_path, since):
+        print(format_incident(incident), flush=True)
+
+
+def say_unacknowledged(log_path: Path, since: float | None = None) -> None:
+    """After the pages, on stderr: the incidents still waiting for an ack, if any."""
+    waiting = [i for i in _incidents_since(log_path, since) if i["state"] == "triggered"]
+    if waiting:
+        names = ", ".join(f"{i['alert']} (run {i['run_id'] or '-'})" for i in waiting)
+        hint = "`runwatch ack ALERT --comment ...`, or see `runwatch pager --incidents`"
+        print(printable(f"runwatch pager: {len(waiting)} incident(s) unacknowledged: {names}; {hint}"), file=sys.stderr)
 
 
 def _interrupt(*_: object) -> NoReturn:
@@ -319,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to read (default {DEFAULT_LOG})")
     parser.add_argument("--follow", action="store_true", help="keep printing pages as they arrive, like tail -f")
     parser.add_argument("--all", action="store_true", help="also the pages of earlier labs in this state directory")
+    parser.add_argument("--incidents", action="store_true", help="print the incidents (open ones first), not the pages")
     parser.add_argument(
         "--prometheus", default=None, metavar="URL",
         help=f"ask it which alerts fired but never paged (default: the log's lab's, else {PROMETHEUS}; '' not to ask)",
@@ -347,9 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how --follow ends
             prometheus = lab_prometheus(args.log) if args.prometheus is None else args.prometheus
             unpaged = Unpaged(args.log, prometheus) if prometheus else None
+            if args.incidents:
+                print_incidents(args.log, since)
+                return 0
             follow(args.log, follow=args.follow, unpaged=unpaged, since=since)
             if not args.follow:
-                print_incidents(args.log, since)
+                say_unacknowledged(args.log, since)
     except OSError as e:
         print(f"{parser.prog}: --log: cannot read {args.log}: {e.strerror or e}", file=sys.stderr)
         return 2

@@ -132,12 +132,18 @@ def test_runwatch_pager_prints_the_ack_and_the_incidents_still_to_ack(pager, cap
     pager.at(0, alert("firing"), other)
     pager.ack(12, comment="looking\nat the loss")
     assert pager_main(["--log", str(pager.log_path), "--prometheus", ""]) == 0
+    out, err = capsys.readouterr()
+    assert (
+        out.splitlines()[2]
+        == "12:00:17  ACKED     TrainingLossJump      run=corrupt_shard-3  by ada: looking at the loss"
+    )
+    assert err.splitlines()[-1] + "\n" == ("runwatch pager: 1 incident(s) unacknowledged: HeldOutGap (run corrupt_shard-3); "
+                   "`runwatch ack ALERT --comment ...`, or see `runwatch pager --incidents`\n")  # fmt: skip
+    assert pager_main(["--log", str(pager.log_path), "--incidents"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[2] == "12:00:17  ACKED     TrainingLossJump      run=corrupt_shard-3  by ada: looking at the loss"
-    assert out[4] == "incidents (1 unacknowledged: `runwatch ack ALERT --comment ...`):"
-    assert out[5].split()[:2] == ["ACKNOWLEDGED", "TrainingLossJump"]  # open, oldest first (the same second)
-    assert "acked 12:00:17 by ada (12.0 s after the first page): looking at the loss" in out[5]
-    assert out[6].split()[:2] == ["TRIGGERED", "HeldOutGap"] and out[6].endswith("unacknowledged")
+    assert out[0].split()[:2] == ["ACKNOWLEDGED", "TrainingLossJump"]  # open, oldest first (the same second)
+    assert "acked 12:00:17 by ada (12.0 s after the first page): looking at the loss" in out[0]
+    assert out[1].split()[:2] == ["TRIGGERED", "HeldOutGap"] and out[1].endswith("unacknowledged")
 
 
 def test_an_ack_of_no_incident_in_a_hand_made_log_is_left_out():
