@@ -57,6 +57,7 @@ def step_of(alert: str) -> str:
     """The step lookup of one alert: its first-fire record, else the run's step now."""
     return step_lookup(*FIRST_FIRED, *NOW.get(alert, NOW[""]), alert=alert)
 
+
 _ALERT = re.compile(r"^\s*- alert:\s*(?P<name>\S+)\s*$")
 _OTHER_RULE = re.compile(r"^\s*- (?:record|name):")
 _ANNOTATIONS = re.compile(r"^(?P<indent>\s*)annotations:\s*$")

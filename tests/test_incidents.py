@@ -137,8 +137,10 @@ def test_runwatch_pager_prints_the_ack_and_the_incidents_still_to_ack(pager, cap
         out.splitlines()[2]
         == "12:00:17  ACKED     TrainingLossJump      run=corrupt_shard-3  by ada: looking at the loss"
     )
-    assert err.splitlines()[-1] + "\n" == ("runwatch pager: 1 incident(s) unacknowledged: HeldOutGap (run corrupt_shard-3); "
-                   "`runwatch ack ALERT --comment ...`, or see `runwatch pager --incidents`\n")  # fmt: skip
+    assert err.splitlines()[-1] == (
+        "runwatch pager: 1 incident(s) unacknowledged: HeldOutGap (run corrupt_shard-3); "
+        "`runwatch ack ALERT --comment ...`, or see `runwatch pager --incidents`"
+    )
     assert pager_main(["--log", str(pager.log_path), "--incidents"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:2] == ["ACKNOWLEDGED", "TrainingLossJump"]  # open, oldest first (the same second)
