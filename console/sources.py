@@ -42,6 +42,9 @@ RANK_FIELDS = {
 }  # fmt: skip
 JOB_FIELDS = ("restarts", "lost", "ettr")
 RANKS_WINDOW_S = 60  # a rank last scraped longer ago than this is not shown
+# A run whose step was last scraped longer ago than this (five 1 s scrape intervals, as
+# TrainerDown counts a target) has stopped: stopped with Ctrl-C it records no end time.
+LIVE_WITHIN_S = 5
 
 
 def _last_value(series: dict) -> float | None:
@@ -90,6 +93,12 @@ class Sources:
         except (requests.RequestException, PromQLError) as err:
             raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
 
+    def runs_lab_first(self, runs: list[str]) -> list[str]:
+        """The picker's runs: the lab's own first (even before Prometheus holds a sample of it),
+        then the others, newest first."""
+        lab = self.lab_run()
+        return runs if lab is None else [lab, *(r for r in runs if r != lab)]
+
     def lab_run(self) -> str | None:
         """The native lab's current run (its lab.json), if the console was given its state dir."""
         if self.state_dir is None:
@@ -111,10 +120,16 @@ class Sources:
         try:
             started, ended = last("runwatch_train_run_start_time_seconds"), last("runwatch_train_run_end_time_seconds")
             info = instant(self.prometheus, f"last_over_time(runwatch_train_run_info{sel}{window})")
+            step = last("runwatch_train_step")
+            # the time of its latest sample, if Prometheus still reads one (none once stale)
+            latest = instant(self.prometheus, f"max(timestamp(runwatch_train_step{sel}))")
+            seen = float(latest[0]["value"][1]) if latest else None
         except (requests.RequestException, PromQLError) as err:
             raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
         incident = info[0]["metric"].get("incident", "") if info else ""
-        return {"started": started, "ended": ended, "drill": incident == "hidden", "incident": incident}
+        stopped = ended is None and step is not None and (seen is None or seen < time.time() - LIVE_WITHIN_S)
+        return {"started": started, "ended": ended, "drill": incident == "hidden", "incident": incident,
+                "step": None if step is None else int(step), "stopped": stopped}  # fmt: skip
 
     # --- the cluster: each rank now ---
 
@@ -162,6 +177,8 @@ class Sources:
             "drill": info["drill"],
             "started": info["started"],
             "ended": info["ended"],
+            "stopped": info["stopped"],
+            "step": info["step"],
             "panels": {key: aligned(data, key) for key in ("loss", "grad", "throughput")},
             "incident": [] if info["drill"] else data.incident,
             "readouts": data.readouts,
@@ -204,27 +221,16 @@ class Sources:
 
     # --- pages, acks, runbooks ---
 
-    def pages(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's pages, newest first, as the pager stored them."""
+    def incidents(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's incidents as the pager groups them: open ones first, oldest first, each
+        with its pages, state changes and ack."""
         try:
-            resp = requests.get(f"{self.pager}/api/pages", params={"run_id": run_id}, timeout=TIMEOUT_S)
+            resp = requests.get(f"{self.pager}/api/incidents", params={"run_id": run_id}, timeout=TIMEOUT_S)
             resp.raise_for_status()
-            pages = resp.json()["pages"]
+            found = resp.json()["incidents"]
         except (requests.RequestException, ValueError, KeyError) as err:
             raise UnavailableError(f"the pager at {self.pager} did not answer ({type(err).__name__})") from None
-        return [p for p in reversed(pages) if isinstance(p, dict)]
-
-    def unacked(self, run_id: str) -> set[str]:
-        """The run's alerts that fire in Alertmanager with no silence: the ones an ack can take."""
-        params = {"filter": [f'run_id="{run_id}"'], "active": "true", "silenced": "false", "inhibited": "false"}
-        try:
-            resp = requests.get(f"{self.alertmanager}/api/v2/alerts", params=params, timeout=TIMEOUT_S)
-            resp.raise_for_status()
-            return {a["labels"].get("alertname", "") for a in resp.json()}
-        except (requests.RequestException, ValueError, KeyError, TypeError) as err:
-            raise UnavailableError(
-                f"Alertmanager at {self.alertmanager} did not answer ({type(err).__name__})"
-            ) from None
+        return [i for i in found if isinstance(i, dict)]
 
     def runbook(self, alert: str) -> str | None:
         """The runbook's Markdown, as the pager serves it; None if there is none."""

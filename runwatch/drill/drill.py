@@ -112,7 +112,7 @@ def drill(args: argparse.Namespace) -> int:
     )  # fmt: skip
     lab_mod.up(up_args)
     run_id = json.loads((d.lab.state / "lab.json").read_text())["run_id"]
-    d.save({"run_id": run_id, "started_at": _now(), "acks": [], "diagnosis": None})
+    d.save({"run_id": run_id, "started_at": _now(), "acks": [], "diagnosis": None, "ranks": args.ranks})
     print(f"drill {run_id} started: something may go wrong between steps {DRILL_ONSET_RANGE[0]} and "
           f"{DRILL_ONSET_RANGE[1]}, or nothing at all.")  # fmt: skip
     print("watch `runwatch pager --follow`; then `runwatch ack ALERT`, `runwatch diagnose INCIDENT`")
