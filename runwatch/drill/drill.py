@@ -141,12 +141,12 @@ def ack(args: argparse.Namespace) -> int:
     the lab's, else the drill's."""
     if not 0 < args.expires <= MAX_SILENCE_MINUTES:
         raise UsageError(f"--expires: minutes in (0, {MAX_SILENCE_MINUTES}] (a week at most), got {args.expires:g}")
+    d = Drill(args.state_dir)
+    run_id = args.run or _current_run(d)
     if not args.comment.strip():
         raise UsageError("--comment: say what you know so far; an ack records it with the incident")
-    d = Drill(args.state_dir)
     alertmanager = (args.alertmanager or d.lab.url("alertmanager")).rstrip("/")
     pager = (args.pager or d.lab.url("pager")).rstrip("/")
-    run_id = args.run or _current_run(d)
     incident = open_incident(pager, args.alert, run_id)
     silence_id = ""
     if incident["firing"] and firing_unsilenced(alertmanager, args.alert, run_id):
