@@ -66,7 +66,7 @@ TEST_WORKERS ?= 6
 test: $(VENV)/.installed binaries browser apt-compose-cli
 	$(PYTEST) -m "not compose and not slow" -n $(TEST_WORKERS) --dist loadgroup
 
-# Minutes of lab time a case (tests/test_backtest_live.py): a tier of its own, run by .ci/run.
+# Minutes of lab time a case (tests/test_backtest_live.py, tests/test_oncall_e2e.py): a tier of its own, run by .ci/run.
 test-slow: $(VENV)/.installed binaries
 	$(PYTEST) -m slow -n 2
 

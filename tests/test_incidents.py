@@ -151,3 +151,15 @@ def test_runwatch_pager_prints_the_ack_and_the_incidents_still_to_ack(pager, cap
 def test_an_ack_of_no_incident_in_a_hand_made_log_is_left_out():
     lines = [{"kind": "ack", "alert": "A", "run_id": "r", "received_at": "2024-05-01T12:00:00.000Z"}]
     assert incidents(lines) == []
+
+
+def test_the_runbooks_the_guide_and_readme_say_one_order_ack_then_diagnose():
+    from runwatch.core.paths import REPO
+
+    for doc in [*sorted((REPO / "runbooks").glob("*.md")), REPO / "docs" / "lab-guide.md", REPO / "README.md"]:
+        text = doc.read_text()
+        for paragraph in text.split("\n\n"):
+            if "runwatch ack" in paragraph and "runwatch diagnose" in paragraph:
+                assert paragraph.index("runwatch ack") < paragraph.index("runwatch diagnose"), (doc.name, paragraph)
+        for other_order in ("only after you have diagnosed", "Then acknowledge", "while it is still firing"):
+            assert other_order not in text, (doc.name, other_order)

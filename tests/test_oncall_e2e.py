@@ -27,7 +27,7 @@ from tests.test_console_e2e import REFRESH_S, incident, resolved_within_s
 from tests.test_drill_e2e import drill
 from tests.test_lab_e2e import NEAR_ONSET
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # labs of their own, started here
 
 PAGE_WITHIN_S = 90  # a corrupt shard's first page, from a lab's start: as tests/test_console_e2e.py waits
 
