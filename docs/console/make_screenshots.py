@@ -59,12 +59,12 @@ def incident_lab(page: Page, state: Path) -> None:
     try:
         wait(lambda: paged(state, "TrainingLossJump"), 120, "the corrupt shard's page")
         page.goto(f"{CONSOLE}/")
-        page.wait_for_selector('li.page[data-alert="TrainingLossJump"] button.ack')
+        page.wait_for_selector('li.incident[data-alert="TrainingLossJump"] button.ack')
         shot(page, "plate-and-pages.png")
-        page.click('li.page[data-alert="GradientNormJump"] button.show-runbook')
+        page.click('li.incident[data-alert="GradientNormJump"] button.show-runbook')
         page.wait_for_selector('#runbook article[data-alert="GradientNormJump"]')
         shot(page, "page-and-runbook.png")
-        page.click('li.page[data-alert="TrainingLossJump"] button.ack')
+        page.click('li.incident[data-alert="TrainingLossJump"] button.ack')
         page.fill("#ack-comment", "loss 20x and gradient norm 5x at the same step: bad data?")
         page.click("#ack-submit")
         page.wait_for_selector("#notice")
@@ -80,15 +80,14 @@ def drill(page: Page, state: Path) -> None:
     try:
         wait(lambda: paged(state, "GradientNormJump"), 120, "the drill's page")
         page.goto(f"{CONSOLE}/")
-        page.wait_for_selector('li.page[data-alert="GradientNormJump"]')
+        page.wait_for_selector('li.incident[data-alert="GradientNormJump"]')
         shot(page, "drill.png")
         page.select_option("#diagnose-incident", "corrupt_shard")
         page.fill("#diagnose-step", "247")
         page.click("#diagnose-submit")
         page.wait_for_selector("#notice")
         shot(page, "diagnosed.png")
-        page.click("#postmortem-submit")
-        page.wait_for_selector("#postmortem-link").click()
+        page.click("#postmortem-submit")  # writes it and shows it
         page.wait_for_selector("article.postmortem img")
         shot(page, "postmortem.png")
     finally:
