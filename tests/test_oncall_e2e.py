@@ -50,6 +50,7 @@ def test_a_lab_restarted_without_control_pages_nothing_for_its_old_target_and_it
     try:
         lab = first.wait()
         control = lab.records()["control"]
+        control_run = control["argv"][control["argv"].index("--run-id") + 1]
         address = lab.address("control")
         prom = lab.url("prometheus")
         wait_for(lambda: instant(prom, f'up{{instance="{address}"}} == 1'), 30, "the control run's first scrape")
@@ -94,6 +95,11 @@ def test_a_lab_restarted_without_control_pages_nothing_for_its_old_target_and_it
         window = int(time.monotonic() - started) + 5
         ever = instant(prom, f'count_over_time(ALERTS{{alertname="TrainerDown",instance="{address}"}}[{window}s])')
         assert ever == [], ever  # not even pending
+
+        # The old lab's control run, killed with no end recorded, reads as stopped, not running
+        tab.goto(f"{lab_url(first.state, 'console')}/?run={control_run}")
+        tab.wait_for_function("() => window.runwatchConsole.state.plate !== null", timeout=30_000)
+        assert re.fullmatch(r"\(stopped at step \d+\)", tab.inner_text("#run-state")), tab.inner_text("#run-state")
     finally:
         runwatch("down", "--state-dir", str(first.state), cwd=tmp_path)
 
