@@ -19,6 +19,8 @@ META_GROUP = "runwatch-meta"
 # The step at which each alert first fired in each run, recorded once by a rule of alerts.yml:
 # every readout (dashboards, `runwatch plate`) reads this one series.
 FIRST_FIRED = "run_alert:runwatch_train_step:first_fired"
+# The same record for a cluster run, on its ranks' furthest step (cluster.yml)
+FIRST_FIRED_RANKS = "run_alert:runwatch_rank_step:first_fired"
 
 # --- components: each one's port, the same natively (on 127.0.0.1) and published by compose ---
 PORTS = {"trainer": 8000, "pager": 9095, "alertmanager": 9093, "prometheus": 9090, "console": 9096}
