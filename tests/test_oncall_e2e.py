@@ -53,7 +53,8 @@ def test_a_lab_restarted_without_control_pages_nothing_for_its_old_target_and_it
         control_run = control["argv"][control["argv"].index("--run-id") + 1]
         address = lab.address("control")
         prom = lab.url("prometheus")
-        wait_for(lambda: instant(prom, f'up{{instance="{address}"}} == 1'), 30, "the control run's first scrape")
+        stepped = f'runwatch_train_step{{run_id="{control_run}"}} >= 1'
+        wait_for(lambda: instant(prom, stepped), 30, "the control run's first steps, scraped")
         os.kill(control["pid"], signal.SIGKILL)
         wait_for(lambda: instant(prom, f'up{{instance="{address}"}} == 0'), 10, "the control run scraped down")
     finally:
