@@ -40,6 +40,7 @@ from runwatch.core.command import UsageError
 from runwatch.trainer.config import (  # what a diagnosis may name, as runwatch diagnose takes it
     CLUSTER_INCIDENTS,
     INCIDENTS,
+    TrainConfig,
 )
 
 HERE = Path(__file__).parent
@@ -146,7 +147,7 @@ def index(request: Request) -> Response:
         notice=console.notices.get(request.query_params.get("notice", "")),
         diagnosable=in_drill and drill.get("diagnosis") is None, diagnosed=in_drill and drill.get("diagnosis"),
         postmortem=postmortem.name if postmortem else None, rules=sources.rules_link() if run else "",
-        grafana=sources.grafana(run) if run else "", prometheus=sources.prometheus_link,
+        grafana=sources.grafana(run) if run else "", prometheus=sources.prometheus_link, fit=TrainConfig(),
     )  # fmt: skip
 
 
