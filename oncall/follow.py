@@ -94,6 +94,11 @@ def format_page(page: dict[str, Any]) -> str:
         f"run={printable(page.get('run_id') or '-')}",
         f"step={printable(page.get('step') or '-')}",
         *([summary] if summary else []),
+        *(
+            [f"measured {value:.3g} at resolution"]
+            if isinstance(value := page.get("value_at_resolution"), float)
+            else []
+        ),
         f"runbook: {printable(runbook_path(page))}",
         *([f"rule: {printable(rule)}"] if (rule := rule_text(page)) else []),
     ]

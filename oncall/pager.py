@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 from urllib.request import ProxyHandler, build_opener
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
@@ -173,6 +173,59 @@ def _read_rules(prometheus: str, timeout: float, found: dict[str, dict[str, Any]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # OSError covers URLError and timeouts
         return
     found.update(read)
+
+
+# A comparison an alert ends in, and the threshold that makes it hold for every value
+ALWAYS_HOLDS = {">": "-Inf", ">=": "-Inf", "<": "+Inf", "<=": "+Inf"}
+
+
+def value_at_resolution(prometheus: str, rule: dict[str, Any] | None, alert: dict[str, Any],
+                        timeout: float = RULES_TIMEOUT_S) -> float | None:  # fmt: skip
+    """What the alert's rule measured when the alert resolved (its endsAt), as Prometheus
+    evaluates it: a resolved notification carries the annotations of the last firing
+    evaluation, so its description quotes a value the run no longer has.
+
+    Only for a rule of the form MEASURE OP scalar(THRESHOLD RULE) (alerts.yml's model alerts):
+    Prometheus parses the expression and names its comparison; the threshold rule's selector is
+    put to the value that makes that comparison hold for every measure, and Prometheus
+    evaluates the result at endsAt. Python compares nothing. None where it cannot say.
+
+        >>> value_at_resolution("http://127.0.0.1:9090", page["rule"], alert)
+        1.62
+    """
+    thresholds = (rule or {}).get("thresholds") or {}
+    expr = str((rule or {}).get("expr", ""))
+    ends = received_time({"received_at": alert.get("endsAt", "")})
+    if not prometheus or len(thresholds) != 1 or ends is None or next(iter(thresholds)) not in expr:
+        return None
+    found: list[float] = []
+    ask = threading.Thread(target=_measure, args=(prometheus, expr, next(iter(thresholds)), ends, alert, found),
+                           daemon=True)  # fmt: skip
+    ask.start()
+    ask.join(timeout)
+    return found[0] if found and not ask.is_alive() else None
+
+
+def _measure(prometheus: str, expr: str, selector: str, at: float, alert: dict[str, Any], found: list) -> None:
+    opener = build_opener(ProxyHandler({}))
+    base = prometheus.rstrip("/")
+    try:
+        with opener.open(f"{base}/api/v1/parse_query?{urlencode({'query': expr})}", timeout=RULES_TIMEOUT_S) as resp:
+            tree = json.loads(resp.read())["data"]
+        fill = (
+            ALWAYS_HOLDS.get(tree.get("op", "")) if tree.get("type") == "binaryExpr" and not tree.get("bool") else None
+        )
+        if fill is None:
+            return
+        query = urlencode({"query": expr.replace(selector, f"vector({fill})"), "time": f"{at:.3f}"})
+        with opener.open(f"{base}/api/v1/query?{query}", timeout=RULES_TIMEOUT_S) as resp:
+            result = json.loads(resp.read())["data"]["result"]
+        labels = alert.get("labels", {})
+        mine = [r for r in result if all(labels.get(k) == v for k, v in r["metric"].items() if k != "__name__")]
+        if len(mine) == 1:
+            found.append(float(mine[0]["value"][1]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
 
 
 def page_record(alert: dict[str, Any], received_at: str, rule: dict[str, str] | None = None) -> dict[str, Any]:
@@ -740,6 +793,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             rules = rules_in_force(self.server.prometheus) if alerts else {}
             records = [page_record(a, rfc3339_ms(now), rules.get(a["labels"].get("alertname", ""))) for a in alerts]
+            for record, a in zip(records, alerts, strict=True):
+                if record["status"] == "resolved" and record["rule"] and _page_key(record) not in self.server.log.seen:
+                    record["value_at_resolution"] = value_at_resolution(self.server.prometheus, record["rule"], a)
         try:
             stored, duplicates = self.server.record_pages(records, now)
         except OSError as e:

@@ -89,6 +89,7 @@ def read_past_the_alert_then_acked(lab, tab, alert: str, run_id: str) -> None:
         resolved_within_s(), f"{alert}'s resolution",
     )  # fmt: skip
     row = tab.wait_for_selector(f"{incident(alert)} li.page.resolved", timeout=(REFRESH_S + 2) * 1000)
+    assert row.query_selector(".value-at-resolution") is not None  # what its rule measured then, not the firing value
     assert not firing_in_prometheus(lab, alert, run_id)
     row = tab.query_selector(incident(alert))
     assert row.get_attribute("data-state") == "triggered" and "its alert resolved" in row.inner_text()

@@ -429,7 +429,11 @@ def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
             what = "Page" if p.get("status") == "firing" else "Resolved"
             if not fired_in_prometheus(d.lab.url("prometheus"), p, run_id, record["started_at"]):
                 what = f"Unconfirmed {what.lower()} (Prometheus never fired this alert)"
-            events.append((_t(p), f"{what}: {p.get('alert')} (step {p.get('step') or '-'}): {p.get('summary')}"))
+            value = p.get("value_at_resolution")
+            measured = f", its rule measuring {value:.3g}" if isinstance(value, float) else ""
+            events.append(
+                (_t(p), f"{what}: {p.get('alert')} (step {p.get('step') or '-'}{measured}): {p.get('summary')}")
+            )
     for incident in read_incidents(d.lab.page_log, run_id):
         if (at := _acked_at(incident)) is not None:
             after = time_to_ack(incident)
