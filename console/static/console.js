@@ -54,6 +54,10 @@ function marksPlugin() {
         ctx.save();
         ctx.setLineDash([3, 3]);
         ctx.font = `${10 * devicePixelRatio}px sans-serif`;
+        // uPlot leaves the context as its last axis drew (right-aligned): a label set from its
+        // own left edge must say so, or it ends where it should begin, left of its line
+        ctx.textAlign = "left";
+        ctx.textBaseline = "alphabetic";
         const gap = 3 * devicePixelRatio;
         Object.entries(byStep).forEach(([step, alerts], i) => {
           const x = u.valToPos(Number(step), "x", true);
