@@ -137,11 +137,14 @@ def run_all(layout: Layout) -> Iterator[tuple[Check, bool | None, list[str]]]:
         if check.name == TEST_RULES and not rules_load:
             yield check, None, ["skipped: the rules do not load (above)"]
             continue
+        if check.name == TEST_RULES:  # one file at a time: promtool 3 names no file in its output
+            each = [(f, *run_check(_one_file(check, f), layout.root)) for f in check.files]
+            ok = all(passed for _, passed, _ in each)
+            passed = [line for _, _, out in each for line in out.splitlines() if line.strip()]  # for --verbose
+            yield check, ok, passed if ok else _test_report(layout.root, each)
+            continue
         ok, output = run_check(check, layout.root)
         rules_load = rules_load and (ok or check.name != "promtool check rules")
-        if check.name == TEST_RULES and not ok:
-            yield check, ok, _test_report(check, layout.root, output)
-            continue
         lines, repeated = [], 0
         for line in output.splitlines():
             text = line.strip()
@@ -157,17 +160,21 @@ def run_all(layout: Layout) -> Iterator[tuple[Check, bool | None, list[str]]]:
         yield check, ok, lines
 
 
-def _test_report(check: Check, cwd: Path, output: str) -> list[str]:
-    """A failed `promtool test rules`: each failing case first (its file found by running the
-    files one at a time: promtool 3 names none), then promtool's output, its SUCCESS lines left
-    out and nothing else (every label of `got` is what to compare)."""
-    first = []
-    for test_file in check.files:
-        ok, one = run_check(Check(check.name, [*check.argv[:3], str(test_file)], [test_file]), cwd)
+def _one_file(check: Check, test_file: Path) -> Check:
+    return Check(check.name, [*check.argv[:3], str(test_file)], [test_file])
+
+
+def _test_report(cwd: Path, each: list[tuple[Path, bool, str]]) -> list[str]:
+    """A failed `promtool test rules`: each failing case first, with its file, then promtool's
+    output for the failing files, its SUCCESS lines left out and nothing else (every label of
+    `got` is what to compare)."""
+    first, raw = [], []
+    for test_file, ok, output in each:
         if ok:
             continue
         where = str(test_file.relative_to(cwd)) if test_file.is_relative_to(cwd) else str(test_file)
-        cases = test_failures(one)
-        first += [f"{where}: {case}" for case in cases] or [f"{where}: failed (promtool's output below)"]
-    raw = [line for line in output.splitlines() if line.strip() and line.strip() != "SUCCESS"]
+        first += [f"{where}: {case}" for case in test_failures(output)] or [
+            f"{where}: failed (promtool's output below)"
+        ]
+        raw += [f"{where}:", *(line for line in output.splitlines() if line.strip() and line.strip() != "SUCCESS")]
     return [*first, "promtool's output:", *raw]
