@@ -74,8 +74,8 @@ TEST_WORKERS ?= 6
 test: $(VENV)/.installed binaries k8s-tools browser apt-compose-cli
 	$(PYTEST) -m "not compose and not slow" -n $(TEST_WORKERS) --dist loadgroup
 
-# Minutes of lab time a case (tests/test_backtest_live.py, the Rules page's browser round-trip,
-# the workbench's sweeps): a tier of its own, run by .ci/run.
+# Minutes of lab time a case (tests/test_backtest_live.py, tests/test_oncall_e2e.py, the Rules
+# page's browser round-trip, the workbench's sweeps): a tier of its own, run by .ci/run.
 test-slow: $(VENV)/.installed binaries browser
 	$(PYTEST) -m slow -n 2
 

@@ -19,6 +19,8 @@ META_GROUP = "runwatch-meta"
 # The step at which each alert first fired in each run, recorded once by a rule of alerts.yml:
 # every readout (dashboards, `runwatch plate`) reads this one series.
 FIRST_FIRED = "run_alert:runwatch_train_step:first_fired"
+# The same record for a cluster run, on its ranks' furthest step (cluster.yml)
+FIRST_FIRED_RANKS = "run_alert:runwatch_rank_step:first_fired"
 # Recorded while every baseline the plate's alerts compare with exists for a run
 # (baselines.yml): a live trainer holds its incident's onset until it does.
 BASELINES_READY = "run:runwatch_baselines:ready"

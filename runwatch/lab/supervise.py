@@ -468,6 +468,10 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
         for comp in comps:
             lab.start(comp)
             print(f"  {comp.name:13s} {comp.url}", flush=True)
+        for rank in range(args.ranks if cluster else 0):  # the trainer's ranks and launcher: targets of their own
+            print(f"  {f'rank {rank}':13s} {url_at(ports['ranks'] + rank)}/metrics", flush=True)
+        if cluster:
+            print(f"  {'launcher':13s} {lab.url('launcher')}/metrics", flush=True)
         for comp in comps:  # one that answered and then died (a trainer that failed on its first step)
             if not lab.alive(lab.records().get(comp.name, {})):
                 raise UsageError(f"{comp.name} exited during start: {lab.log_tail(comp.name)}")
