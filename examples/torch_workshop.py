@@ -77,7 +77,8 @@ def wait_for_scrapes(watch: Watch) -> float:
     seen, deadline = watch.scrapes, time.perf_counter() + SCRAPE_WAIT_S
     while watch.scrapes < seen + PHASE_SCRAPES:
         if time.perf_counter() > deadline:
-            sys.exit(f"torch_workshop: nothing scraped {watch.run_id} in {SCRAPE_WAIT_S:g} s: is `runwatch up --watch` on?")
+            who = f"nothing scraped {watch.run_id} in {SCRAPE_WAIT_S:g} s"
+            sys.exit(f"torch_workshop: {who}: is `runwatch up --watch` on?")
         time.sleep(0.005)
     return watch.last_scrape + SCRAPE_PHASE
 

@@ -435,7 +435,8 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str | None:
     from runwatch.trainer.live import unique_run_id  # the trainer's, and numpy: `up` alone needs them
 
     watched = getattr(args, "watch", None)  # the user's job serves its own run id (runwatch.watch)
-    run_id = None if watched else unique_run_id("drill" if args.incident == "random" else f"{args.incident}-{args.seed}")
+    label = "drill" if args.incident == "random" else f"{args.incident}-{args.seed}"
+    run_id = None if watched else unique_run_id(label)
     lab.ports = ports = choose_ports(args.ports, args.ranks)
     comps = lab.components(args, run_id)  # finds the binaries first: a missing one says what to install
     for comp in comps:

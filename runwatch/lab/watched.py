@@ -41,7 +41,8 @@ def watch_targets(text: str) -> list[str]:
             lines = path.read_text().splitlines()
         except (OSError, UnicodeDecodeError) as err:
             reason = getattr(err, "strerror", None) or "not a text file"
-            raise argparse.ArgumentTypeError(f"{text}: neither HOST:PORT[,...] nor a readable file ({reason})") from None
+            problem = f"neither HOST:PORT[,...] nor a readable file ({reason})"
+            raise argparse.ArgumentTypeError(f"{text}: {problem}") from None
         found = [
             _address(line.split("#", 1)[0].strip(), f"{text}, line {n}: ")
             for n, line in enumerate(lines, 1)
