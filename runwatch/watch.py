@@ -121,8 +121,8 @@ class Watch(Collector):
         self._started_at, self._ended_at = wall(), None
         self._begun = self._last_end = clock()
         self._exchanged: float | None = None
-        self._step: int | None = None
-        self._values: dict[str, float] = {}
+        self._last: tuple | None = None  # step, loss, gradient norm, learning rate, tokens/s
+        self._heldout: float | None = None
         self._tokens = 0
         self._buckets = [0] * (len(STEP_DURATION_BUCKETS) + 1)
         self._duration_sum = 0.0
@@ -180,35 +180,26 @@ class Watch(Collector):
         seconds = end - begun
         if steps < 1:
             raise WatchError(f"steps: must be 1 or more, got {steps}")
-        values = {m.LOSS: float(loss)}
-        if gradient_norm is not None:
-            values[m.GRADIENT_NORM] = float(gradient_norm)
-        if learning_rate is not None:
-            values[m.LEARNING_RATE] = float(learning_rate)
-        if seconds > 0:
-            values[m.TOKENS_PER_SECOND] = tokens / seconds
+        # plain floats now: a tensor kept until the scrape would keep its graph alive (or sync a GPU there)
+        grad = None if gradient_norm is None else float(gradient_norm)
+        lr = None if learning_rate is None else float(learning_rate)
+        last = (step, float(loss), grad, lr, tokens / seconds if seconds > 0 else None)
         exchanged = self._exchanged
         with self._lock:
-            self._step = step
-            heldout = self._values.get(m.HELDOUT_LOSS)
-            self._values = values
-            if heldout is not None:
-                values[m.HELDOUT_LOSS] = heldout
+            self._last = last
             self._tokens += tokens
             self._buckets[bisect.bisect_left(STEP_DURATION_BUCKETS, seconds / steps)] += steps
             self._duration_sum += seconds
             if self.distributed:
                 compute = (exchanged if exchanged is not None else end) - begun
-                wait = seconds - compute
                 self._compute_total += compute
-                self._wait_total += wait
-                self._rank_last = (compute, wait, seconds, self._wall())
+                self._wait_total += seconds - compute
+                self._rank_last = (compute, seconds - compute, seconds, self._wall())
         self._last_end, self._exchanged = end, None
 
     def heldout(self, loss: float) -> None:
         """The held-out loss just evaluated; published with every step until the next one."""
-        with self._lock:
-            self._values[m.HELDOUT_LOSS] = float(loss)
+        self._heldout = float(loss)
 
     def finish(self) -> None:
         """The run is over: its per-step values go stale in Prometheus, so alerts on them resolve."""
@@ -221,15 +212,16 @@ class Watch(Collector):
         with self._lock:
             self.scrapes += 1
             self.last_scrape = self._clock()
-            step, values, tokens, ended = self._step, dict(self._values), self._tokens, self._ended_at
+            last, tokens, ended = self._last, self._tokens, self._ended_at
             buckets, duration_sum, rank_last = list(self._buckets), self._duration_sum, self._rank_last
             compute_total, wait_total, seq = self._compute_total, self._wait_total, self._seq
+        step = None if last is None else last[0]
         if self.rank == 0:
-            yield from self._job(step, values, tokens, ended, buckets, duration_sum)
+            yield from self._job(last, self._heldout, tokens, ended, buckets, duration_sum)
         if self.distributed:
             yield from self._own(step, rank_last, compute_total, wait_total, seq, ended)
 
-    def _job(self, step, values, tokens, ended, buckets, duration_sum) -> Iterator[Metric]:
+    def _job(self, last, heldout, tokens, ended, buckets, duration_sum) -> Iterator[Metric]:
         run = [self.run_id]
 
         def family(kind, name: str, value: float, labels: list[str] = run, names: tuple = ("run_id",)):
@@ -248,13 +240,15 @@ class Watch(Collector):
         bounds = [str(b) for b in STEP_DURATION_BUCKETS] + ["+Inf"]
         hist.add_metric(run, list(zip(bounds, itertools.accumulate(buckets), strict=True)), duration_sum)
         yield hist
-        if step is None:
+        if last is None:
             return
-        yield family(GaugeMetricFamily, m.STEP, step)
+        yield family(GaugeMetricFamily, m.STEP, last[0])
         if ended is not None:
             return
-        for name, value in values.items():
-            yield family(GaugeMetricFamily, name, value)
+        names = (m.LOSS, m.GRADIENT_NORM, m.LEARNING_RATE, m.TOKENS_PER_SECOND, m.HELDOUT_LOSS)
+        for name, value in zip(names, (*last[1:], heldout), strict=True):
+            if value is not None:
+                yield family(GaugeMetricFamily, name, value)
 
     def _own(self, step, rank_last, compute_total, wait_total, seq, ended) -> Iterator[Metric]:
         labels, names = [self.run_id, str(self.rank), self.node], ("run_id", "rank", "node")

@@ -118,6 +118,8 @@ def watched(tmp_path_factory):
         lab = start.wait()
         for incident, port in ports.items():
             runs[incident] = Run(incident, port, root / f"{incident}.log", ranks=2 if incident == "straggler" else 1)
+        for run in runs.values():  # the clock each page's deadline runs from
+            first_live_step(lab, run)
         yield lab, runs
     finally:
         for run in runs.values():
@@ -130,7 +132,7 @@ def first_live_step(lab, run: Run) -> float:
     own wait for scrapes (a minute), after torch's import and the fast-forward."""
     if run.live_at is None:
         query = f'runwatch_train_step{{run_id="{run.run_id}"}}'
-        wait_for(lambda: run.proc.poll() is None and instant(lab.url("prometheus"), query) or _dead(run), 120,
+        wait_for(lambda: instant(lab.url("prometheus"), query) or _dead(run), 120,
                  f"{run.run_id}'s first live step in Prometheus")  # fmt: skip
         run.live_at = time.monotonic()
     return run.live_at

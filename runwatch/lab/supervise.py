@@ -177,9 +177,10 @@ class Lab:
         """What `up` starts, in order: the trainer (and a healthy control), the pager,
         Alertmanager, Prometheus, which scrapes and alerts on the others, then the console,
         which reads them all."""
-        comps = [self._trainer(args, run_id), self._pager(), self._alertmanager(), self._prometheus(), self._console()]
+        comps = [self._pager(), self._alertmanager(), self._prometheus(), self._console()]
         if getattr(args, "watch", None):  # `up --watch`: the user's job is the trainer (runwatch.lab.watched)
-            return comps[1:]
+            return comps
+        comps.insert(0, self._trainer(args, run_id))
         if args.control:
             comps.insert(1, self._control(args, run_id))
         return comps
