@@ -31,6 +31,8 @@ def test_up_watch_scrapes_the_users_job_and_starts_no_trainer(lab_factory):
     status = runwatch("status", "--state-dir", str(lab.state), cwd=lab.cwd)
     assert status.returncode == 0 and status.stdout.startswith(f"watching 127.0.0.1:{port}: "), status.stdout
     assert status.stdout.count(" ready ") == 4
+    ack = runwatch("ack", "TrainingLossJump", "--state-dir", str(lab.state), cwd=lab.cwd)
+    assert ack.returncode == 2 and "--run: the lab in" in ack.stderr and "name its run" in ack.stderr, ack.stderr
 
 
 @pytest.mark.integration

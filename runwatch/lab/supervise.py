@@ -176,7 +176,7 @@ class Lab:
     def components(self, args: argparse.Namespace, run_id: str) -> list[Component]:
         """What `up` starts, in order: the trainer (and a healthy control), the pager,
         Alertmanager, Prometheus, which scrapes and alerts on the others, then the console,
-        which reads them all."""
+        which reads them all. With `--watch` no trainer: the user's job is scraped instead."""
         comps = [self._pager(), self._alertmanager(), self._prometheus(), self._console()]
         if getattr(args, "watch", None):  # `up --watch`: the user's job is the trainer (runwatch.lab.watched)
             return comps
