@@ -1,7 +1,7 @@
 """`runwatch up --watch`: the lab without its trainer, scraping a job of the user's instead.
 
 No torch here: the job is this test process, serving runwatch.watch's registry (the torch tier,
-tests/test_watch_torch.py, runs the real thing). The refusals run `runwatch up` itself.
+tests/test_watch_client_torch.py, runs the real thing). The refusals run `runwatch up` itself.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """runwatch.watch, the client of a user's own training loop: the lab's names and labels, read back
-from a fresh registry as prometheus_client's own tests do. No torch here (tests/test_watch_torch.py
+from a fresh registry as prometheus_client's own tests do. No torch here (tests/test_watch_client_torch.py
 has the real thing); the client takes plain numbers.
 """
 
