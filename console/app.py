@@ -35,6 +35,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainT
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from runwatch.console import rules
 from runwatch.console.sources import ALERT_NAME, Sources, UnavailableError
 from runwatch.core.command import UsageError
 from runwatch.trainer.config import (  # what a diagnosis may name, as runwatch diagnose takes it
@@ -259,6 +260,7 @@ ROUTES = [
     Route("/postmortem/", postmortem, methods=["GET"]),
     Route("/postmortem/{name}", postmortem_image),
     Route("/-/ready", ready),
+    *rules.ROUTES,  # the Rules page and its workbench (console/rules.py)
     Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
 ]
 
@@ -267,6 +269,7 @@ def make_app(sources: Sources, runwatch: list[str] | None = None) -> Starlette:
     """The console's ASGI app, reading from sources; runwatch: how to run the command line."""
     app = Starlette(routes=ROUTES, middleware=[Middleware(SecurityHeaders)])
     app.state.console = Console(sources, runwatch)
+    app.state.form = _form  # how console/rules.py takes a form: this module's token and origin checks
     return app
 
 

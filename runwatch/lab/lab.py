@@ -142,7 +142,11 @@ def evaluation_errors(prometheus: str) -> list[str]:
 
 def add_up(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
-    p.add_argument("--incident", default="none", help="incident for the trainer, or random for a drill")
+    p.add_argument(
+        "--incident",
+        default="none",
+        help="incident for the trainer (INCIDENT:STRENGTH for a smaller one), or random for a drill",
+    )
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--onset", type=STEP, default=None)
     p.add_argument("--fast-forward", type=STEP, default=0, metavar="STEP")
@@ -160,6 +164,11 @@ def add_up(p: argparse.ArgumentParser) -> Command:
         "of them, one a line",
     )  # fmt: skip
     p.add_argument("--detach", action="store_true", help="return once everything is ready")
+    p.add_argument(
+        "--unwatched", action="store_true",
+        help="the lab's clock runs on while Prometheus is away, as a real job's does (default: it waits, "
+        "and holds the incident's onset until the alerts' baselines are recorded)",
+    )  # fmt: skip
     p.add_argument("--drill-seed", type=SEED, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--root",

@@ -44,7 +44,7 @@ from runwatch.core.paths import Layout
 from runwatch.drill.answer import answer_path, seal_answer
 from runwatch.prom.server import free_port, free_ports_in_a_row, port_is_free, prometheus_argv, wait_ready
 from runwatch.prom.tools import binary
-from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, TrainConfig, draw_drill
+from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, TrainConfig, draw_drill, parse_incident
 
 # Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
 # where a learner's browser reaches each server, natively and through compose's published ports,
@@ -189,13 +189,15 @@ class Lab:
         url = self.url(name)
         return Component(name, argv, f"{url}/-/ready", f"{url}{path}")
 
-    def _train_argv(self, run_id: str, seed: int, port: int, fast_forward: int) -> list[str]:
-        argv = [*PY, "train", "--seed", str(seed), "--run-id", run_id, "--port", str(port)]
-        argv += ["--run-dir", str(self.runs / run_id), "--wait-for-prometheus"]
-        return argv + (["--fast-forward", str(fast_forward)] if fast_forward else [])
+    def _train_argv(self, args: argparse.Namespace, run_id: str, port: int) -> list[str]:
+        argv = [*PY, "train", "--seed", str(args.seed), "--run-id", run_id, "--port", str(port)]
+        argv += ["--run-dir", str(self.runs / run_id)]
+        if not args.unwatched:  # the lab's clock waits for Prometheus (trainer.live)
+            argv += ["--wait-for-prometheus", "--prometheus", self.url("prometheus")]
+        return argv + (["--fast-forward", str(args.fast_forward)] if args.fast_forward else [])
 
     def _trainer(self, args: argparse.Namespace, run_id: str) -> Component:
-        argv = self._train_argv(run_id, args.seed, self.ports["trainer"], args.fast_forward)
+        argv = self._train_argv(args, run_id, self.ports["trainer"])
         argv += ["--incident", args.incident, "--precision", args.precision]
         if args.onset is not None:
             argv += ["--onset", str(args.onset)]
@@ -209,7 +211,7 @@ class Lab:
     def _control(self, args: argparse.Namespace, run_id: str) -> Component:
         """A healthy run of the same seed beside the incident's, on its own port."""
         control_id = f"none-{args.seed}-control-{run_id.rsplit('-', 1)[-1]}"
-        argv = self._train_argv(control_id, args.seed, self.ports["control"], args.fast_forward)
+        argv = self._train_argv(args, control_id, self.ports["control"])
         return self._serving("control", argv, "/metrics")
 
     def _pager(self) -> Component:
@@ -394,15 +396,18 @@ def add_ports(p: argparse.ArgumentParser) -> None:
 
 def check_run(args: argparse.Namespace) -> None:
     """Refuse, before anything starts, a run the trainer would refuse once started."""
-    if args.incident not in (*INCIDENTS, *CLUSTER_INCIDENTS, "random"):
+    try:
+        name, strength = ("none", 1.0) if args.incident == "random" else parse_incident(args.incident)
+    except ConfigError as err:
+        raise UsageError(f"--incident: {err.problem}") from None
+    if name not in (*INCIDENTS, *CLUSTER_INCIDENTS, "none"):
         known = ", ".join((*INCIDENTS, *CLUSTER_INCIDENTS))
         raise UsageError(f"--incident: unknown incident {args.incident!r}; choose one of {known}, random")
-    incident = "none" if args.incident == "random" else args.incident
-    cfg = TrainConfig(incident=incident, seed=args.seed, precision=args.precision, ranks=args.ranks)
+    cfg = TrainConfig(incident=name, strength=strength, seed=args.seed, precision=args.precision, ranks=args.ranks)
     try:
         dataclasses.replace(cfg, onset=cfg.onset if args.onset is None else args.onset).validate()
     except ConfigError as err:
-        raise config_error(err) from None
+        raise (UsageError(f"--incident: {err.problem}") if err.field == "strength" else config_error(err)) from None
 
 
 def up(args: argparse.Namespace) -> int:
