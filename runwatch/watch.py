@@ -54,6 +54,7 @@ HELP = {
     m.HELDOUT_LOSS: "Loss on held-out data, as last evaluated by the training loop.",
     m.GRADIENT_NORM: "L2 norm of the last step's gradient, as the training loop reported it.",
     m.TOKENS_PER_SECOND: "Tokens per second of the last step: its tokens over its wall-clock duration.",
+    m.STEP_DURATION: "Wall-clock duration of each training step, in seconds.",
     m.RUN_INFO: "Constant 1, labelled with the run's id (seed and incident are the lab's; empty here).",
 }
 
