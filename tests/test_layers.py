@@ -30,6 +30,8 @@ LAYERS = [
     ("runwatch.core",),
     ("runwatch.trainer.record", "runwatch.prom"),
     ("runwatch.exporter",),
+    ("runwatch.watch",),  # the client a user's own training loop imports: the exporter's names, no trainer
+    ("runwatch.callbacks",),  # transformers' and Lightning's adapters over it
     ("runwatch.trainer",),
     ("runwatch.drill.answer", "runwatch.readouts", "runwatch.oncall"),
     ("runwatch.cluster", "runwatch.backtest", "runwatch.console"),

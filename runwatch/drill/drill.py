@@ -207,7 +207,10 @@ def _current_run(d: Drill) -> str:
     """The lab's run (its lab.json), else the drill's: what an ack without --run is about."""
     meta = d.lab.state / "lab.json"
     if meta.exists():
-        return str(read_json(meta, "the lab's record").get("run_id"))
+        record = read_json(meta, "the lab's record")
+        if record.get("watch"):  # `up --watch`: the runs are the user's job's, and may be several
+            raise UsageError(f"--run: the lab in {d.lab.state} watches a job of yours (up --watch): name its run")
+        return str(record.get("run_id"))
     if d.path.exists():
         return d.load()["run_id"]
     raise UsageError(f"--run: no lab in {d.lab.state} to take the run from; name the run")

@@ -176,8 +176,11 @@ class Lab:
     def components(self, args: argparse.Namespace, run_id: str) -> list[Component]:
         """What `up` starts, in order: the trainer (and a healthy control), the pager,
         Alertmanager, Prometheus, which scrapes and alerts on the others, then the console,
-        which reads them all."""
-        comps = [self._trainer(args, run_id), self._pager(), self._alertmanager(), self._prometheus(), self._console()]
+        which reads them all. With `--watch` no trainer: the user's job is scraped instead."""
+        comps = [self._pager(), self._alertmanager(), self._prometheus(), self._console()]
+        if getattr(args, "watch", None):  # `up --watch`: the user's job is the trainer (runwatch.lab.watched)
+            return comps
+        comps.insert(0, self._trainer(args, run_id))
         if args.control:
             comps.insert(1, self._control(args, run_id))
         return comps
@@ -416,7 +419,8 @@ def up(args: argparse.Namespace) -> int:
         signal.signal(sig, _Interrupts.handle)
     with lab.locked(wait=False):
         run_id = start_lab(lab, args)
-    print(f"run {run_id}: pages with `runwatch pager --follow --log {lab.page_log}`; stop with `runwatch down`")
+    what = f"run {run_id}" if run_id else f"watching {', '.join(args.watch)}"
+    print(f"{what}: pages with `runwatch pager --follow --log {lab.page_log}`; stop with `runwatch down`")
     if args.detach:
         return 0
     try:
@@ -429,14 +433,16 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_lab(lab: Lab, args: argparse.Namespace) -> str:
+def start_lab(lab: Lab, args: argparse.Namespace) -> str | None:
     """Start every component in order, under the lab's lock; on any failure stop what started."""
     running = [n for n, r in lab.records().items() if lab.alive(r)]
     if running:
         raise UsageError(f"a lab is already running in {lab.state} ({', '.join(running)}): `runwatch down` first")
     from runwatch.trainer.live import unique_run_id  # the trainer's, and numpy: `up` alone needs them
 
-    run_id = unique_run_id("drill" if args.incident == "random" else f"{args.incident}-{args.seed}")
+    watched = getattr(args, "watch", None)  # the user's job serves its own run id (runwatch.watch)
+    label = "drill" if args.incident == "random" else f"{args.incident}-{args.seed}"
+    run_id = None if watched else unique_run_id(label)
     lab.ports = ports = choose_ports(args.ports, args.ranks)
     comps = lab.components(args, run_id)  # finds the binaries first: a missing one says what to install
     for comp in comps:
@@ -450,7 +456,8 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
     for stale in lab.records():
         (lab.pids / f"{stale}.json").unlink()
     lab.link_config()
-    lab.write_target("trainer", [lab.address("trainer")] + ([lab.address("control")] if args.control else []))
+    trainers = watched or [lab.address("trainer")] + ([lab.address("control")] if args.control else [])
+    lab.write_target("trainer", trainers)
     cluster = args.ranks > 1
     lab.write_groups("ranks", rank_targets(run_id, args.ranks, ports["ranks"]) if cluster else [])
     lab.write_target("launcher", [lab.address("launcher")] if cluster else [])
@@ -462,6 +469,8 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
     # every command that talks to this lab finds it (runwatch.core.addresses)
     urls = {name: lab.url(name) for name in ports}
     record = {"run_id": run_id, "root": str(lab.layout.root), "started_at": time.time(), "urls": urls}
+    if watched:
+        record["watch"] = watched
     write_atomic(lab.state / "lab.json", json.dumps(record) + "\n")
     print(f"console: {lab.url('console')}/ (the run, its pages and runbooks, ack and diagnose)", flush=True)
     try:
