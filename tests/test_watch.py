@@ -13,6 +13,8 @@ import dataclasses
 import json
 import threading
 
+import pytest
+
 from runwatch.core.names import WATCH_GRACE_S
 from runwatch.exporter.metrics import TrainerMetrics
 from runwatch.trainer.config import TrainConfig
@@ -148,3 +150,23 @@ def test_a_healthy_run_never_asks_for_its_baselines(tmp_path):
     cfg = TrainConfig(steps=30, onset=10, incident="none", run_id="h")
     live(tmp_path, cfg, Prometheus(), ready=lambda: asked.append(1) or False)
     assert asked == []
+
+
+@pytest.mark.integration  # the lab's components ask the binaries their versions
+def test_the_lab_s_trainer_waits_for_prometheus_unless_told_not_to(tmp_path):
+    """`runwatch up` starts its trainer and control watched, asking the lab's own Prometheus for
+    the baselines; `--no-wait-for-prometheus` starts them as a real, unwatched job runs."""
+    import argparse
+
+    from runwatch.lab.lab import add_up
+    from runwatch.lab.supervise import Lab
+
+    parser = argparse.ArgumentParser()
+    add_up(parser)
+    lab = Lab(tmp_path / "state")
+    for flags, watched in [([], True), (["--no-wait-for-prometheus"], False)]:
+        args = parser.parse_args(["--state-dir", str(tmp_path / "state"), "--control", *flags])
+        for comp in lab.components(args, "none-0-120000")[:2]:  # the trainer and its control
+            assert ("--wait-for-prometheus" in comp.argv) is watched, comp.argv
+            if watched:
+                assert comp.argv[comp.argv.index("--prometheus") + 1] == lab.url("prometheus")

@@ -192,7 +192,7 @@ class Lab:
     def _train_argv(self, args: argparse.Namespace, run_id: str, port: int) -> list[str]:
         argv = [*PY, "train", "--seed", str(args.seed), "--run-id", run_id, "--port", str(port)]
         argv += ["--run-dir", str(self.runs / run_id)]
-        if not args.unwatched:  # the lab's clock waits for Prometheus (trainer.live)
+        if not args.no_wait_for_prometheus:  # the lab's clock waits for Prometheus (trainer.live)
             argv += ["--wait-for-prometheus", "--prometheus", self.url("prometheus")]
         return argv + (["--fast-forward", str(args.fast_forward)] if args.fast_forward else [])
 

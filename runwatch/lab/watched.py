@@ -61,7 +61,7 @@ def watch_targets(text: str) -> list[str]:
 
 # Flags that configure the lab's own trainer, which `--watch` does not start: refused beside it.
 TRAINER_FLAGS = {"incident": "none", "onset": None, "fast_forward": 0, "control": False, "precision": "fp64",
-                 "ranks": 1, "drill_seed": None}  # fmt: skip
+                 "ranks": 1, "drill_seed": None, "no_wait_for_prometheus": False}  # fmt: skip
 
 
 def check_watch(args: argparse.Namespace) -> None:
