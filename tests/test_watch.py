@@ -135,6 +135,26 @@ def test_baselines_ready_at_the_onset_move_nothing(tmp_path):
     assert "onset_moved_by" not in record and moved == []
 
 
+def test_a_slow_answer_at_the_onset_sets_the_clock_again_rather_than_race(tmp_path):
+    """Prometheus's answer (or the DNS lookup before it) takes 8 s at the onset. The steps owed
+    are not trained back to back between two scrapes: the clock is set again, and every step
+    after it is published a lab step apart, each read by a scrape of its own."""
+    cfg = TrainConfig(steps=40, onset=20, incident="lr_spike", run_id="s")
+    prom = Prometheus()
+
+    def slow_ready() -> bool:
+        prom.sleep(8.0)
+        return True
+
+    _, metrics, lines, record, _ = live(tmp_path, cfg, prom, ready=slow_ready)
+    times = [t for t, rec, _ in metrics.published if rec.step >= 20]
+    assert all(b - a > 0.9 for a, b in zip(times, times[1:])), times
+    # no two of them between the same pair of scrapes
+    assert len({int(t - SCRAPE_PHASE) for t in times}) == len(times)
+    assert any("the clock fell 8 s behind" in line for line in lines)
+    assert next(rec.step for _, rec, _ in metrics.published if rec.incident_active) == 20  # ready: not moved
+
+
 def test_a_drill_moves_its_onset_in_its_sealed_answer_only(tmp_path):
     cfg = TrainConfig(steps=60, onset=20, incident="repeated_batch", run_id="d", drill=True)
     public = dataclasses.replace(cfg, incident="hidden", onset=-1)  # as runwatch train records a drill

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Protocol
 
 from runwatch.core.files import write_atomic
-from runwatch.core.names import WATCH_GRACE_S
+from runwatch.core.names import SCRAPE_INTERVAL_S, WATCH_GRACE_S
 from runwatch.exporter.metrics import TrainerMetrics
 from runwatch.prom.server import baselines_ready
 from runwatch.trainer.config import TrainConfig
@@ -165,13 +165,7 @@ def run_live(
     last = None
     record.save(lab_time=trainer.lab_time)
     try:
-        # --- fast-forward: unpaced, unpublished, but its tokens and checkpoints count ---
-        while trainer.next_step < min(fast_forward, cfg.steps) and not trainer.halted:
-            last = trainer.step()
-            metrics.add_tokens(last.tokens)
-            _checkpoint(trainer, last.step, checkpoints, metrics)
-        if last is not None:
-            log(f"fast-forwarded to step {trainer.next_step} (no Prometheus history before it)")
+        last = _fast_forward(trainer, min(fast_forward, cfg.steps), metrics, checkpoints, log)
         scraped = None if watch is None else watch.clock_by.scraped
         start, lab0 = _set_clock(trainer, scraped, stop, log, clock, sleep), trainer.lab_time
         # --- live: one step per lab second, published as it completes ---
@@ -180,9 +174,12 @@ def run_live(
         while not trainer.done and not stop.is_set() and not trainer.halted:
             # --- the watcher: hold while Prometheus is away, and the onset until it can be seen ---
             if watch is not None:
-                resumed = _watched(trainer, watch, planned, record, metrics, onset_moved, stop, log, clock, sleep)
-                if resumed is not None:  # held: the clock reads trainer.lab_time at `resumed`
+                due = start + (trainer.lab_time - lab0)  # when this step should begin
+                resumed, held = _watched(trainer, watch, planned, record, metrics, onset_moved, due, stop, log,
+                                         clock, sleep)  # fmt: skip
+                if resumed is not None:  # the clock was set again: it reads trainer.lab_time at `resumed`
                     start, lab0, t0 = resumed, trainer.lab_time, resumed
+                if held:
                     continue  # look again: Prometheus may have gone away while the clock was set
             rec = trainer.step()
             if (remaining := start + (rec.lab_time - lab0) - clock()) > 0:  # its deadline on the lab clock
@@ -205,13 +202,28 @@ def run_live(
     return status
 
 
+def _fast_forward(
+    trainer: Trainer, to: int, metrics: TrainerMetrics, checkpoints: Path | None, log: Callable[[str], None]
+) -> StepRecord | None:
+    """Steps up to `to`, unpaced and unpublished, but their tokens and checkpoints count."""
+    last = None
+    while trainer.next_step < to and not trainer.halted:
+        last = trainer.step()
+        metrics.add_tokens(last.tokens)
+        _checkpoint(trainer, last.step, checkpoints, metrics)
+    if last is not None:
+        log(f"fast-forwarded to step {trainer.next_step} (no Prometheus history before it)")
+    return last
+
+
 def _watched(
     trainer: Trainer, watch: Watch, planned: int, record: RunRecord, metrics: TrainerMetrics,
-    onset_moved: Callable[[TrainConfig], None] | None, stop: threading.Event, log: Callable[[str], None],
-    clock: Callable[[], float], sleep: Callable[[float], None],
-) -> float | None:  # fmt: skip
-    """Before a step: hold while Prometheus is away (returning when the clock goes on), or move
-    an onset whose baselines are not recorded; None when the step may go ahead."""
+    onset_moved: Callable[[TrainConfig], None] | None, due: float, stop: threading.Event,
+    log: Callable[[str], None], clock: Callable[[], float], sleep: Callable[[float], None],
+) -> tuple[float | None, bool]:  # fmt: skip
+    """Before a step: hold while Prometheus is away, or move an onset whose baselines are not
+    recorded. Returns when the clock goes on if it was set again (None: as it was), and whether
+    it held (every rank did, by watch.agree: the loop looks again)."""
     at_onset = trainer.next_step == trainer.cfg.onset and trainer.cfg.incident != "none"
     away = watch.unseen(clock()) > watch.grace
     hold, unready = watch.agree((away, at_onset and watch.ready is not None and not watch.ready()))
@@ -221,12 +233,21 @@ def _watched(
         resumed = _hold(trainer, watch, stop, log, clock, sleep)
         metrics.waited(clock() - began)
         record.save(paused_since=None)
-        return clock() if resumed is None else resumed  # stopped: the loop ends
+        return (clock() if resumed is None else resumed), True  # stopped: the loop ends
     if at_onset and unready and trainer.cfg.onset + 1 < trainer.cfg.steps:
         trainer.move_onset(trainer.cfg.onset + 1)
     elif at_onset and trainer.cfg.onset != planned:
         _moved(trainer.cfg, planned, record, log, onset_moved)
-    return None
+    if (late := clock() - due) > SCRAPE_INTERVAL_S:
+        # Kept back (a slow answer from Prometheus, a DNS lookup of seconds, a stalled host): the
+        # deadlines would have the owed steps trained back to back, between two scrapes, and
+        # unseen. Set the clock again against the scrapes instead, as after a hold.
+        log(f"the clock fell {late:.0f} s behind; setting it against the scrapes again")  # no step: a drill's onset
+        began = clock()
+        start = _set_clock(trainer, watch.clock_by.scraped, stop, log, clock, sleep)
+        metrics.waited(clock() - began)
+        return start, False
+    return None, False
 
 
 def _hold(
