@@ -22,6 +22,7 @@ from urllib.parse import quote, urlencode
 
 import requests
 
+from runwatch.core.names import WATCH_GRACE_S
 from runwatch.core.paths import Layout
 from runwatch.prom.server import PromQLError, instant
 from runwatch.readouts import dashboard_queries as dq
@@ -111,10 +112,15 @@ class Sources:
         try:
             started, ended = last("runwatch_train_run_start_time_seconds"), last("runwatch_train_run_end_time_seconds")
             info = instant(self.prometheus, f"last_over_time(runwatch_train_run_info{sel}{window})")
+            # how long Prometheus has gone without a scrape of the run (within its 5 min lookback)
+            unseen = instant(self.prometheus, f"time() - timestamp(runwatch_train_step{sel})")
         except (requests.RequestException, PromQLError) as err:
             raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
         incident = info[0]["metric"].get("incident", "") if info else ""
-        return {"started": started, "ended": ended, "drill": incident == "hidden", "incident": incident}
+        return {
+            "started": started, "ended": ended, "drill": incident == "hidden", "incident": incident,
+            "unseen": float(unseen[0]["value"][1]) if unseen and ended is None else None,
+        }  # fmt: skip
 
     # --- the cluster: each rank now ---
 
@@ -162,6 +168,8 @@ class Sources:
             "drill": info["drill"],
             "started": info["started"],
             "ended": info["ended"],
+            # the lab's trainer holds its clock once Prometheus has not scraped it for this long
+            "paused_for": info["unseen"] if info["unseen"] is not None and info["unseen"] > WATCH_GRACE_S else None,
             "panels": {key: aligned(data, key) for key in ("loss", "grad", "throughput")},
             "incident": [] if info["drill"] else data.incident,
             "readouts": data.readouts,

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from runwatch.cluster import launcher as cluster
 from runwatch.core.command import Command, UsageError, check_writable, config_error, number
 from runwatch.core.files import write_atomic
-from runwatch.core.names import LAUNCHER_PORT, LOOPBACK, PORTS, RANK_PORT_BASE
+from runwatch.core.names import LAUNCHER_PORT, LOOPBACK, PORTS, RANK_PORT_BASE, WATCH_GRACE_S
 from runwatch.drill.answer import answer_path, seal_answer
 from runwatch.exporter.metrics import HIDDEN, TrainerMetrics
 from runwatch.exporter.server import MetricsServer, PortInUseError, start
@@ -41,7 +41,7 @@ from runwatch.trainer.config import (
     TrainConfig,
     draw_drill,
 )
-from runwatch.trainer.live import RunRecord, run_live, unique_run_id
+from runwatch.trainer.live import RunRecord, run_live, unique_run_id, watch_of
 from runwatch.trainer.offline import simulate, write_openmetrics
 from runwatch.trainer.run import Trainer
 from runwatch.trainer.sealed import unseal
@@ -79,7 +79,13 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     )  # fmt: skip
     p.add_argument(
         "--wait-for-prometheus", action="store_true",
-        help="hold the first live step until Prometheus has scraped /metrics (a lab whose Prometheus may start late)",
+        help="the lab's clock waits for its watcher: the first live step until Prometheus has scraped /metrics, "
+        f"and every later one while it has not for {WATCH_GRACE_S:g} s (as the lab runs it)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prometheus", default=None, metavar="URL",
+        help="with --wait-for-prometheus: the incident's onset waits until this Prometheus records the alerts' "
+        "baselines for the run",
     )  # fmt: skip
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision, loss scaling")
     p.add_argument(
@@ -272,8 +278,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"run {cfg.label}: resumed from {args.resume} at step {resumed.next_step}", flush=True)
     status = run_live(
         cfg, metrics, RunRecord(run_dir / "run.json", cfg, public), args.fast_forward, stop,
-        trainer=resumed, checkpoints=run_dir / "checkpoints",
-        scraped=server.scraped if args.wait_for_prometheus else None,
+        trainer=resumed, checkpoints=run_dir / "checkpoints", watch=watch_of(args, cfg.label, [server]),
+        onset_moved=(lambda moved: seal_answer(answer_path(run_dir), moved)) if cfg.drill else None,
     )  # fmt: skip
     print(f"run {cfg.label}: {status}", flush=True)
     # A finished run keeps serving its last values, so Prometheus does not see the target die.

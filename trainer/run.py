@@ -323,6 +323,17 @@ class Trainer:
         other.durations = step_durations(cfg)
         return other
 
+    def move_onset(self, onset: int) -> None:
+        """Take the incident from `onset` instead, this run going on healthy until then (the live
+        clock's watcher, trainer.live: the alerts' baselines were not ready at the old onset).
+        Before the onset every incident trains as the healthy run does, so the steps so far
+        stand; a step's clock and data from the new onset on are those of a run configured so."""
+        if onset < self.next_step:
+            raise ValueError(f"move_onset: step {onset} is already trained (next step {self.next_step})")
+        self.cfg = dataclasses.replace(self.cfg, onset=onset)
+        self.cfg.validate()
+        self.durations = step_durations(self.cfg)
+
     def fork(self, cfg: TrainConfig) -> Trainer:
         """A copy of this trainer that goes on under cfg, which may differ only in its incident.
 

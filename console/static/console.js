@@ -87,7 +87,11 @@ function toData(panel) {
 function showReadouts(p) {
   const parts = Object.entries(p.readouts).map(([a, s]) => `${a} ${s === null ? "\u2014" : s}`);
   document.getElementById("readouts").textContent = parts.join("  \u00b7  ");
-  const ended = p.ended ? `finished ${new Date(p.ended * 1000).toISOString().slice(11, 19)} UTC` : "running";
+  const ended = p.ended
+    ? `finished ${new Date(p.ended * 1000).toISOString().slice(11, 19)} UTC`
+    : p.paused_for !== null && p.paused_for !== undefined
+      ? `paused: Prometheus has not scraped for ${Math.round(p.paused_for)} s`
+      : "running";
   const last = p.panels.loss.steps.length ? `step ${p.panels.loss.steps[p.panels.loss.steps.length - 1]}, ` : "";
   document.getElementById("run-state").textContent = `(${last}${ended}${p.drill ? ", a drill" : ""})`;
   // no links where Prometheus serves no web UI (Debian's build): a dead page helps no one

@@ -105,7 +105,7 @@ def drill(args: argparse.Namespace) -> int:
     up_args = argparse.Namespace(
         state_dir=args.state_dir, incident="random", seed=args.seed if args.seed is not None else 0, onset=None,
         fast_forward=args.fast_forward, control=False, detach=True, drill_seed=args.seed, root=None, precision="fp64",
-        ranks=args.ranks, ports=args.ports,
+        ranks=args.ranks, ports=args.ports, unwatched=False,  # a drill's incident must be seen
     )  # fmt: skip
     lab_mod.up(up_args)
     run_id = json.loads((d.lab.state / "lab.json").read_text())["run_id"]

@@ -151,6 +151,11 @@ def add_up(p: argparse.ArgumentParser) -> Command:
     )  # fmt: skip
     add_ports(p)
     p.add_argument("--detach", action="store_true", help="return once everything is ready")
+    p.add_argument(
+        "--unwatched", action="store_true",
+        help="the lab's clock runs on while Prometheus is away, as a real job's does (default: it waits, "
+        "and holds the incident's onset until the alerts' baselines are recorded)",
+    )  # fmt: skip
     p.add_argument("--drill-seed", type=SEED, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--root",

@@ -186,13 +186,15 @@ class Lab:
         url = self.url(name)
         return Component(name, argv, f"{url}/-/ready", f"{url}{path}")
 
-    def _train_argv(self, run_id: str, seed: int, port: int, fast_forward: int) -> list[str]:
-        argv = [*PY, "train", "--seed", str(seed), "--run-id", run_id, "--port", str(port)]
-        argv += ["--run-dir", str(self.runs / run_id), "--wait-for-prometheus"]
-        return argv + (["--fast-forward", str(fast_forward)] if fast_forward else [])
+    def _train_argv(self, args: argparse.Namespace, run_id: str, port: int) -> list[str]:
+        argv = [*PY, "train", "--seed", str(args.seed), "--run-id", run_id, "--port", str(port)]
+        argv += ["--run-dir", str(self.runs / run_id)]
+        if not args.unwatched:  # the lab's clock waits for Prometheus (trainer.live)
+            argv += ["--wait-for-prometheus", "--prometheus", self.url("prometheus")]
+        return argv + (["--fast-forward", str(args.fast_forward)] if args.fast_forward else [])
 
     def _trainer(self, args: argparse.Namespace, run_id: str) -> Component:
-        argv = self._train_argv(run_id, args.seed, self.ports["trainer"], args.fast_forward)
+        argv = self._train_argv(args, run_id, self.ports["trainer"])
         argv += ["--incident", args.incident, "--precision", args.precision]
         if args.onset is not None:
             argv += ["--onset", str(args.onset)]
@@ -206,7 +208,7 @@ class Lab:
     def _control(self, args: argparse.Namespace, run_id: str) -> Component:
         """A healthy run of the same seed beside the incident's, on its own port."""
         control_id = f"none-{args.seed}-control-{run_id.rsplit('-', 1)[-1]}"
-        argv = self._train_argv(control_id, args.seed, self.ports["control"], args.fast_forward)
+        argv = self._train_argv(args, control_id, self.ports["control"])
         return self._serving("control", argv, "/metrics")
 
     def _pager(self) -> Component:
