@@ -84,9 +84,13 @@ def test_every_service_has_a_memory_limit_above_its_measured_peak(name):
     limit = SERVICES[name]["deploy"]["resources"]["limits"]["memory"]
     mb = int(re.fullmatch(r"(\d+)M", limit)[1])
     readme = (REPO / "README.md").read_text()
-    row = re.search(rf"^\| `{name}` \| (\d+) MB \| (\d+) MB \| {mb} MB \|", readme, re.M)
+    row = re.search(rf"^ *\| `{name}` \| (\d+ MB|-) \| (\d+ MB|-) \| {mb} MB \|", readme, re.M)
     assert row, f"README's memory table has no row for {name} with its limit of {mb} MB"
-    assert mb >= 1.5 * max(int(row[1]), int(row[2])), (name, mb, row[0])
+    if name == "grafana":  # no Grafana image can be had here (compose/podman/README.md): not measured
+        assert row[1] == row[2] == "-"
+        return
+    peak = max(int(row[1].split()[0]), int(row[2].split()[0]))
+    assert mb >= 1.5 * peak, (name, mb, row[0])
 
 
 def test_alertmanager_addresses_the_pager_by_name_and_the_native_lab_by_loopback():

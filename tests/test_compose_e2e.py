@@ -175,7 +175,10 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
     stack.compose("up", "-d", "prometheus", "console", env=INCIDENT)
     for alert in ("TrainingLossJump", "GradientNormJump"):
         page = wait_for(lambda a=alert: stack.pages(a, run_id), 120, f"a {alert} page")[0]
-        assert 300 <= int(page["step"]) <= 302, page  # the plate: 300; a live scrape may lag a step
+        # the plate: at the onset (300, or later where the trainer held it for the baselines
+        # Prometheus had not yet recorded: run.json says where it went); a live scrape may lag a step
+        onset = stack.run_record(run_id)["config"]["onset"]
+        assert onset <= int(page["step"]) <= onset + 2, (page, onset)
         assert page["runbook_url"] == f"http://127.0.0.1:9095/runbooks/{alert}.md"
         # the pager reached Prometheus by its service name for the rule in force, and the
         # first-fire record is the page's step
@@ -275,11 +278,11 @@ def test_a_killed_pager_comes_back_with_its_page_log(stack):
     wait_for(lambda: int(stack.inspect("pager", ".RestartCount")) > restarts, 60, "the engine to restart the pager")
     assert int(stack.inspect("pager", ".State.Pid")) != pid
     wait_for(lambda: stack.healthy("pager"), 60, "the pager to be healthy again")
-    assert stack.pages() == before
+    assert stack.pages()[: len(before)] == before  # kept whole (a page retried meanwhile may follow)
 
 
 def test_prometheus_paused_before_the_onset_still_pages_the_lr_spike_at_its_readout(stack):
-    run_id = stack.new_run({**LR_SPIKE, "RUNWATCH_FAST_FORWARD": "240"})  # ready well before the pause
+    run_id = stack.new_run({**LR_SPIKE, "RUNWATCH_FAST_FORWARD": "255"})  # baselines ready before the pause
     wait_for(lambda: (stack.trainer_metric("runwatch_train_step") or 0) >= 285, 120, "step 285")
     stack.compose("pause", "prometheus")
     try:
@@ -309,14 +312,17 @@ def test_alertmanager_restarted_after_up_pages_the_loss_once_at_its_readout_5_of
         time.sleep(8)
         stack.compose("restart", "alertmanager")
         page = wait_for(lambda r=run_id: stack.pages("TrainingLossJump", r), 180, f"{run_id}'s loss page")[0]
-        time.sleep(2 * GROUP_INTERVAL_S)  # time for a duplicate delivery to show, were there one
         record = stack.run_record(run_id)
         fired = instant(PROM, f'{FIRST_FIRED}{{run_id="{run_id}",alertname="TrainingLossJump"}}')
         outcomes.append({
             "run": run_id, "onset": record["config"]["onset"], "moved": record.get("onset_moved_by", 0),
-            "step": int(page["step"]), "pages": len(stack.pages("TrainingLossJump", run_id)),
-            "first_fired": [r["value"][1] for r in fired],
+            "step": int(page["step"]), "first_fired": [r["value"][1] for r in fired],
         })  # fmt: skip
+    # time for a duplicate delivery to show, were there one: each run before the last has had a
+    # whole run since its page; the last has this
+    time.sleep(2 * GROUP_INTERVAL_S)
+    for o in outcomes:
+        o["pages"] = len(stack.pages("TrainingLossJump", o["run"]))
     bad = [
         o for o in outcomes
         if o["pages"] != 1 or o["step"] not in lr_spike_readout(o["onset"]) or o["first_fired"] != [str(o["step"])]
