@@ -101,6 +101,16 @@ class Runtime:
             cwd=REPO, env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
 
+    def unpause(self, service: str) -> None:
+        """`docker-compose unpause SERVICE`. On Podman, the engine's own: Podman 4.3's Docker API lists
+        a paused container only with `all`, so docker-compose 1.29 finds none to unpause."""
+        if self.engine == "docker":
+            res = self.compose("unpause", service)
+        else:
+            res = self.engine_cli("unpause", f"{self.project}_{service}_1")
+        if res.returncode != 0:
+            raise EngineError(f"unpause {service}: {res.stdout}{res.stderr}")
+
     def engine_cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """The engine's own CLI (docker or podman), for what compose does not report."""
         return subprocess.run(

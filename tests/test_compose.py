@@ -62,6 +62,37 @@ def test_every_service_has_a_network_namespace_of_its_own():
     assert not [n for n, svc in SERVICES.items() if "network_mode" in svc]
 
 
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_logs_to_capped_json_files(name):
+    """A lab left running for days keeps at most max-file x max-size of each service's log."""
+    logging = SERVICES[name]["logging"]
+    assert logging["driver"] == "json-file", name
+    assert re.fullmatch(r"\d+m", logging["options"]["max-size"]) and int(logging["options"]["max-file"]) >= 1
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_what_crashes_comes_back_but_a_run(name):
+    """Every service is restarted by the engine after a crash, but the trainer: each start of it
+    is a new run, and a run that dies is what TrainerDown is there to show."""
+    expected = None if name == "trainer" else "unless-stopped"
+    assert SERVICES[name].get("restart") == expected, name
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_has_a_memory_limit_above_its_measured_peak(name):
+    """The limits come from README's measured peaks, with headroom (README, "Compose as a service")."""
+    limit = SERVICES[name]["deploy"]["resources"]["limits"]["memory"]
+    mb = int(re.fullmatch(r"(\d+)M", limit)[1])
+    readme = (REPO / "README.md").read_text()
+    row = re.search(rf"^ *\| `{name}` \| (\d+ MB|-) \| (\d+ MB|-) \| {mb} MB \|", readme, re.M)
+    assert row, f"README's memory table has no row for {name} with its limit of {mb} MB"
+    if name == "grafana":  # no Grafana image can be had here (compose/podman/README.md): not measured
+        assert row[1] == row[2] == "-"
+        return
+    peak = max(int(row[1].split()[0]), int(row[2].split()[0]))
+    assert mb >= 1.5 * peak, (name, mb, row[0])
+
+
 def test_alertmanager_addresses_the_pager_by_name_and_the_native_lab_by_loopback():
     config = yaml.safe_load((REPO / "alertmanager" / "alertmanager.yml").read_text())
     urls = [w["url"] for r in config["receivers"] for w in r.get("webhook_configs", [])]

@@ -12,11 +12,17 @@ pages in the pager's volume and on Prometheus's API:
 3. `restart` of alertmanager, pager, prometheus, then trainer (a new run): the incident pages
    exactly once.
 4. The pager stopped: PagerDown and AlertmanagerNotificationsFailing fire; back, the latter pages.
-5. `stop`: every process ends on SIGTERM, none is killed after the grace period.
-6. A trainer that fails at start: Prometheus and Alertmanager run, TrainerDown pages.
-7. RUNWATCH_RANKS=2: two ranks under mpiexec in the trainer's container, each scraped with its
+5. The pager's process killed (a crash, not a `stop`): `restart: unless-stopped` brings it back,
+   its page log kept.
+6. Prometheus paused for 35 s shortly before an lr spike's onset: the trainer holds while it is
+   away, and the spike pages at its readout, counted from the onset the trainer took (run.json).
+7. Alertmanager restarted 8 s after each of 5 runs starts: in every one the lr spike pages its
+   loss alert at its readout, and each firing episode exactly once.
+8. `stop`: every process ends on SIGTERM, none is killed after the grace period.
+9. A trainer that fails at start: Prometheus and Alertmanager run, TrainerDown pages.
+10. RUNWATCH_RANKS=2: two ranks under mpiexec in the trainer's container, each scraped with its
    run, rank and node from the targets the trainer writes, and the launcher's ETTR.
-8. `down -v` leaves no container, network or volume.
+11. `down -v` leaves no container, network or volume.
 
 Time bounds come from the configuration: scrape and evaluation every 1 s, `for:` of each rule,
 group_wait 0 s and group_interval 5 s in alertmanager.yml.
@@ -27,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import time
 from datetime import datetime
 from pathlib import Path
@@ -47,6 +54,18 @@ SERVICES = ("trainer", "pager", "alertmanager", "prometheus", "console")  # all 
 INCIDENT = {"RUNWATCH_INCIDENT": "corrupt_shard", "RUNWATCH_FAST_FORWARD": "270"}
 GROUP_INTERVAL_S = 5  # alertmanager.yml: the retry of an undelivered page, the wait for a duplicate
 TRAINER_DOWN_FOR_S = 10  # alerts.yml
+# An lr spike close to its onset (300): the lab's baselines need about 30 scraped steps (the
+# activation norm's 60 s mean holds at least 30 samples), so a run that starts later than 270
+# only moves its onset on.
+LR_SPIKE = {"RUNWATCH_INCIDENT": "lr_spike", "RUNWATCH_FAST_FORWARD": "270"}
+PROMETHEUS_AWAY_S = 35  # the issue's pause: 30-40 s
+
+
+def lr_spike_readout(onset: int) -> range:
+    """Where an lr spike's loss and gradient-norm alerts first fire, counted from its onset: the
+    backtest's 301-302 over 100 seeds for an onset at 300 (README), and one step later where the
+    live lab's order of rule groups has an alert read a baseline one evaluation old."""
+    return range(onset + 1, onset + 4)
 
 
 class Stack:
@@ -88,6 +107,35 @@ class Stack:
         except (requests.RequestException, TypeError):
             return None
 
+    def trainer_metric(self, name: str) -> float | None:
+        """One unlabelled-but-for-run_id sample of the trainer's /metrics (None while it is not up)."""
+        try:
+            text = requests.get("http://127.0.0.1:8000/metrics", timeout=5).text
+        except requests.RequestException:
+            return None
+        found = re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M)
+        return float(found[1]) if found else None
+
+    def volume_file(self, volume: str, path: str) -> Path:
+        res = self.rt.engine_cli("volume", "inspect", "--format", "{{.Mountpoint}}", f"{self.rt.project}_{volume}")
+        assert res.returncode == 0, res.stderr
+        return Path(res.stdout.strip()) / path
+
+    def run_record(self, run_id: str) -> dict:
+        """The run's run.json, from the trainer's `runs` volume."""
+        return json.loads(self.volume_file("runs", f"{run_id}/run.json").read_text())
+
+    def new_run(self, env: dict[str, str]) -> str:
+        """A new run of the trainer (its container made anew, as `up` makes it); its run id."""
+        old = self.run_id_or_none()
+        self.compose("up", "-d", "--force-recreate", "trainer", env=env)
+        return wait_for(lambda: (r := self.run_id_or_none()) != old and r, 120, "the trainer's new run")
+
+    def inspect(self, service: str, field: str) -> str:
+        res = self.rt.engine_cli("inspect", "--format", f"{{{{{field}}}}}", f"{self.rt.project}_{service}_1")
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip()
+
 
 def firing(alert: str, **labels: str) -> list[dict]:
     match = "".join(f',{k}="{v}"' for k, v in labels.items())
@@ -127,7 +175,10 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
     stack.compose("up", "-d", "prometheus", "console", env=INCIDENT)
     for alert in ("TrainingLossJump", "GradientNormJump"):
         page = wait_for(lambda a=alert: stack.pages(a, run_id), 120, f"a {alert} page")[0]
-        assert 300 <= int(page["step"]) <= 302, page  # the plate: 300; a live scrape may lag a step
+        # the plate: at the onset (300, or later where the trainer held it for the baselines
+        # Prometheus had not yet recorded: run.json says where it went); a live scrape may lag a step
+        onset = stack.run_record(run_id)["config"]["onset"]
+        assert onset <= int(page["step"]) <= onset + 2, (page, onset)
         assert page["runbook_url"] == f"http://127.0.0.1:9095/runbooks/{alert}.md"
         # the pager reached Prometheus by its service name for the rule in force, and the
         # first-fire record is the page's step
@@ -215,6 +266,82 @@ def test_a_stopped_pager_fires_the_meta_alerts_and_is_paged_once_back(stack):
     wait_for(lambda: stack.healthy("pager"), 60, "the pager to be healthy again")
     page = wait_for(lambda: stack.pages("AlertmanagerNotificationsFailing"), 60, "the notification failure's page")
     assert page[0]["severity"] == "critical" and "webhook" in page[0]["description"]
+
+
+def test_a_killed_pager_comes_back_with_its_page_log(stack):
+    """A crash, not a `stop`: the pager's process SIGKILLed from the host, as the kernel's OOM
+    killer would. `restart: unless-stopped` starts it again; its log lives in its volume."""
+    before, restarts = stack.pages(), int(stack.inspect("pager", ".RestartCount"))
+    assert before  # the scenarios above paged: there is a log to keep
+    pid = int(stack.inspect("pager", ".State.Pid"))
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: int(stack.inspect("pager", ".RestartCount")) > restarts, 60, "the engine to restart the pager")
+    assert int(stack.inspect("pager", ".State.Pid")) != pid
+    wait_for(lambda: stack.healthy("pager"), 60, "the pager to be healthy again")
+    assert stack.pages()[: len(before)] == before  # kept whole (a page retried meanwhile may follow)
+
+
+def test_prometheus_paused_before_the_onset_still_pages_the_lr_spike_at_its_readout(stack):
+    run_id = stack.new_run({**LR_SPIKE, "RUNWATCH_FAST_FORWARD": "255"})  # baselines ready before the pause
+    wait_for(lambda: (stack.trainer_metric("runwatch_train_step") or 0) >= 285, 120, "step 285")
+    stack.compose("pause", "prometheus")
+    try:
+        time.sleep(PROMETHEUS_AWAY_S)  # the scenario itself: Prometheus away this long
+        held = stack.trainer_metric("runwatch_train_step")
+    finally:
+        stack.rt.unpause("prometheus")
+    logs = stack.compose("logs", "trainer")
+    assert re.search(r"paused after step \d+: Prometheus has not scraped", logs), logs[-2000:]
+    assert held is not None and held < 300, held  # the clock held before the onset
+    wait_for(lambda: "resumed after step" in stack.compose("logs", "trainer"), 60, "the trainer to resume")
+    for alert in ("TrainingLossJump", "GradientNormJump"):
+        page = wait_for(lambda a=alert: stack.pages(a, run_id), 120, f"a {alert} page")[0]
+        onset = stack.run_record(run_id)["config"]["onset"]  # the onset the trainer took
+        assert int(page["step"]) in lr_spike_readout(onset), (page["step"], onset)
+    assert (stack.trainer_metric("runwatch_train_watcher_wait_seconds_total") or 0) >= PROMETHEUS_AWAY_S - 10
+    assert not stack.pages("ThroughputDrop", run_id)  # a wait is not a slow node
+
+
+def firing_episodes(alert: str, run_id: str, start: float, end: float) -> list[float]:
+    """When each firing episode of `alert` in the run began, as Prometheus's ALERTS series has
+    it (a new one after any evaluation at which it was not firing)."""
+    query = f'ALERTS{{alertname="{alert}",alertstate="firing",run_id="{run_id}"}}'
+    times = sorted(float(t) for s in query_range(PROM, query, start, end, 1.0) for t, _ in s["values"])
+    return [t for i, t in enumerate(times) if i == 0 or t - times[i - 1] > 1.5]
+
+
+def test_alertmanager_restarted_after_up_pages_the_loss_once_at_its_readout_5_of_5(stack):
+    """The issue's run, five times in a row: `up` of a new run, then `restart alertmanager` 8 s
+    later (its restart reloads podman's DNS, which may keep Prometheus from the trainer for tens
+    of seconds). In each, the spike's loss alert pages at its readout, the first-fire record says
+    the page's step, and every firing episode Prometheus had is paged exactly once: none lost
+    to the restart, none doubled. (Seed 0's spiked run fires the loss alert a second time
+    after it resolves, at about step 313: a second episode, and a second page: README's limits.)"""
+    outcomes, began = [], time.time()
+    for _ in range(5):
+        run_id = stack.new_run(LR_SPIKE)
+        time.sleep(8)
+        stack.compose("restart", "alertmanager")
+        page = wait_for(lambda r=run_id: stack.pages("TrainingLossJump", r), 180, f"{run_id}'s loss page")[0]
+        record = stack.run_record(run_id)
+        fired = instant(PROM, f'{FIRST_FIRED}{{run_id="{run_id}",alertname="TrainingLossJump"}}')
+        outcomes.append({
+            "run": run_id, "onset": record["config"]["onset"], "moved": record.get("onset_moved_by", 0),
+            "step": int(page["step"]), "first_fired": [r["value"][1] for r in fired],
+        })  # fmt: skip
+    # time for a duplicate delivery to show, were there one: each run before the last has had a
+    # whole run since its page; the last has this
+    time.sleep(2 * GROUP_INTERVAL_S)
+    for o in outcomes:
+        o["pages"] = [p["step"] for p in stack.pages("TrainingLossJump", o["run"])]
+        o["episodes"] = len(firing_episodes("TrainingLossJump", o["run"], began, time.time()))
+    bad = [
+        o for o in outcomes
+        if o["step"] not in lr_spike_readout(o["onset"]) or o["first_fired"] != [str(o["step"])]
+        or len(o["pages"]) != o["episodes"]
+    ]  # fmt: skip
+    if bad:  # pytest.fail prints all of it, where an assert's message is cut
+        pytest.fail(f"{len(bad)} of 5 runs did not page as Prometheus fired:\n" + json.dumps(outcomes, indent=1))
 
 
 def test_stop_ends_every_process_on_sigterm(stack):
