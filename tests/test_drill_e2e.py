@@ -82,6 +82,8 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert 247 not in record["config"].values() and "corrupt_shard" not in json.dumps(record)
     trainer = json.loads((state / "pids" / "trainer.json").read_text())  # what `ps` shows of it
     assert "--drill-seed" not in trainer["argv"] and "corrupt_shard" not in trainer["argv"]
+    # nor its training seed (issue 28): drawn in secret, a replay of it would name the onset
+    assert "--seed" not in trainer["argv"] and 'seed="hidden"' in metrics and record["config"]["seed"] == -1
     forge_a_page(lab_url(state, "pager"), run_id)
 
     res = runwatch("drill", "--state-dir", str(state), cwd=tmp_path)

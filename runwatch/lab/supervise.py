@@ -168,7 +168,9 @@ class Lab:
             rng = random.Random(f"{key_file.read_text().strip()}:{drill_seed}")
         self.sealed_answer(run_id).parent.mkdir(parents=True, exist_ok=True)
         drawn = draw_drill(rng, cluster=ranks > 1)
-        cfg = TrainConfig(incident=drawn["incident"], onset=drawn["onset"], seed=seed, ranks=ranks, run_id=run_id)
+        # the training seed is the drawn one, sealed with the answer: `seed` is not a drill's
+        cfg = TrainConfig(incident=drawn["incident"], onset=drawn["onset"], seed=drawn["seed"], ranks=ranks,
+                          run_id=run_id)  # fmt: skip
         seal_answer(self.sealed_answer(run_id), cfg)
 
     # --- processes ---
@@ -186,13 +188,16 @@ class Lab:
         url = self.url(name)
         return Component(name, argv, f"{url}/-/ready", f"{url}{path}")
 
-    def _train_argv(self, run_id: str, seed: int, port: int, fast_forward: int) -> list[str]:
-        argv = [*PY, "train", "--seed", str(seed), "--run-id", run_id, "--port", str(port)]
+    def _train_argv(self, run_id: str, seed: int | None, port: int, fast_forward: int) -> list[str]:
+        """seed None: a drill's, which the trainer reads from its sealed answer, never from argv."""
+        argv = [*PY, "train", *(["--seed", str(seed)] if seed is not None else []), "--run-id", run_id]
+        argv += ["--port", str(port)]
         argv += ["--run-dir", str(self.runs / run_id), "--wait-for-prometheus"]
         return argv + (["--fast-forward", str(fast_forward)] if fast_forward else [])
 
     def _trainer(self, args: argparse.Namespace, run_id: str) -> Component:
-        argv = self._train_argv(run_id, args.seed, self.ports["trainer"], args.fast_forward)
+        seed = None if args.incident == "random" else args.seed
+        argv = self._train_argv(run_id, seed, self.ports["trainer"], args.fast_forward)
         argv += ["--incident", args.incident, "--precision", args.precision]
         if args.onset is not None:
             argv += ["--onset", str(args.onset)]
