@@ -37,6 +37,8 @@ from urllib.request import ProxyHandler, build_opener
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from runwatch.core.addresses import host_allowed, served_hosts
+
 # Runbooks are served by the pager itself, at the address it has in both worlds.
 RUNBOOK_BASE = "http://127.0.0.1:9095/runbooks"
 ROUTES = {
@@ -242,6 +244,21 @@ class PageLog:
         self._needs_newline = bool(data) and not data.endswith(b"\n")
         self.error: str | None = None  # why the last append failed; None once one succeeds
 
+    def writable(self) -> str | None:
+        """Why the log cannot be appended to now (a read-only file or file system), or None.
+
+        Probed by opening it for appending, as a store does: write permission bits say nothing
+        to root, and a read-only mount or an immutable file refuses only the open.
+        """
+        if not self.path.exists():
+            ok = os.access(self.path.parent, os.W_OK)
+            return None if ok else f"cannot create {self.path}: its folder is not writable"
+        try:
+            os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND))
+        except OSError as err:
+            return f"cannot append to {self.path}: {err.strerror or err}"
+        return None
+
     def store(self, records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
         """Append the records not seen before in one fsynced write; return (stored, duplicates)."""
         with self._lock:
@@ -261,7 +278,11 @@ class PageLog:
         """Append data whole and fsynced, or not at all: on a failed write (a full disk) the log
         is cut back to where it was, so Alertmanager's retry stores each page once."""
         created = not self.path.exists()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as err:  # a read-only log or file system: /-/ready says so too
+            self.error = f"cannot append to {self.path}: {err.strerror or err}"
+            raise
         try:
             size = os.fstat(fd).st_size
             try:
@@ -376,7 +397,7 @@ class PagerMetrics:
         )
         for status in STATUSES:
             self.pages.labels(status)
-        for reason in ("malformed", "too_large", "length_required", "write_failed"):
+        for reason in ("malformed", "too_large", "length_required", "write_failed", "foreign"):
             self.rejected.labels(reason)
 
 
@@ -402,6 +423,7 @@ class PagerServer(ThreadingHTTPServer):
         self.runbooks: Path | None = None
         self.prometheus = ""  # where the rules in force are read; "" stores pages without them
         self.watchdog = Watchdog(WATCHDOG_TIMEOUT_S)
+        self.hosts = served_hosts(address[0], self.server_address[1])  # the Host headers the webhook answers
 
     def server_close(self) -> None:
         self.stopped.set()
@@ -487,9 +509,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, self._index())
         elif path == "/api/pages":
             self._pages()
-        elif path == "/-/ready" and self.server.log.error is not None:
+        elif path == "/-/ready" and (problem := self.server.log.error or self.server.log.writable()) is not None:
             # Not ready while pages cannot be stored: Alertmanager's retries keep them meanwhile.
-            self._reply(503, f"Not ready: {self.server.log.error}\n".encode(errors="backslashreplace"))
+            self._reply(503, f"Not ready: {problem}\n".encode(errors="backslashreplace"))
         else:
             self._reply(200, b"OK\n")
 
@@ -518,19 +540,41 @@ class _Handler(BaseHTTPRequestHandler):
         return ("\n".join(lines) + "\n").encode()
 
     def _runbook(self, name: str) -> None:
-        """Serve runbooks/<AlertName>.md, so dashboards and pages can link to them."""
+        """Serve runbooks/<AlertName>.md, so dashboards and pages can link to them; a symlink
+        (runbooks/X.md -> /etc/shadow) is not a runbook, whatever it points at."""
         folder = self.server.runbooks
-        if folder is None or not RUNBOOK_NAME.fullmatch(name) or not (folder / name).is_file():
+        path = folder / name if folder is not None and RUNBOOK_NAME.fullmatch(name) else None
+        if path is None or path.is_symlink() or not path.is_file():
             return self._reply(404, f"404 no runbook {name!r}\n".encode())
-        self._reply(200, (folder / name).read_bytes(), "text/markdown; charset=utf-8")
+        self._reply(200, path.read_bytes(), "text/markdown; charset=utf-8")
+
+    def _foreign(self) -> str | None:
+        """Why this request is not Alertmanager's, from its headers alone, or None.
+
+        A web page in the learner's browser can POST here (fetch with mode "no-cors" sends
+        text/plain, and a DNS-rebinding page sends its own Host); Alertmanager sends JSON, to an
+        address of the pager's, and never an Origin.
+        """
+        if not host_allowed(self.headers.get("Host"), self.server.hosts):
+            return f"Host {self.headers.get('Host')!r} is not the pager's (it answers as {', '.join(sorted(self.server.hosts))})"
+        if "Origin" in self.headers:
+            return f"a browser's request (Origin {self.headers['Origin']!r}); only Alertmanager posts here"
+        return None
 
     def _webhook(self, watchdog: bool = False) -> None:
+        foreign = self._foreign()  # before the body is read: a refused request costs nothing
+        if foreign is not None:
+            return self._reject(403, "foreign", "headers", foreign)
         header = self.headers.get("Content-Length")
         if header is None:
             return self._reject(411, "length_required", "Content-Length", "header is required")
         length = int(header) if header.strip().isascii() and header.strip().isdigit() else -1
         if length < 0:
             return self._reject(400, "malformed", "Content-Length", f"must be a byte count, got {header!r}")
+        if self.headers.get("Content-Type", "").split(";")[0].strip().lower() != "application/json":
+            # what fetch(url, {mode: "no-cors"}) sends: text/plain, a form, or none
+            found = self.headers.get("Content-Type", "")
+            return self._reject(403, "foreign", "headers", f"Content-Type must be application/json, got {found!r}")
         if length > self.server.max_body:
             # Read and drop the body in small chunks, so the client is not reset before it reads the 413.
             remaining = min(length, DRAIN_LIMIT)
@@ -578,6 +622,7 @@ def make_server(
     runbooks: Path | None = None,
     watchdog_timeout: float = WATCHDOG_TIMEOUT_S,
     prometheus: str = "",
+    allow_hosts: tuple[str, ...] | list[str] = (),
 ) -> PagerServer:
     """Load the page log and bind the pager to host:port (0 picks a free port); call serve_forever() to run it.
 
@@ -596,5 +641,6 @@ def make_server(
     server.runbooks = runbooks  # GET /runbooks/<Alert>.md serves this folder's runbooks
     server.watchdog.timeout = watchdog_timeout
     server.prometheus = prometheus  # each page stores its alert's rule in force, read from here
+    server.hosts = served_hosts(host, server.server_address[1], allow_hosts)  # e.g. compose's `pager`
     threading.Thread(target=server.watch, args=(server.stopped,), name="watchdog", daemon=True).start()
     return server

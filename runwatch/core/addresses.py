@@ -57,3 +57,27 @@ def lab_urls(state: Path) -> dict[str, str]:
 def lab_url(state: Path, component: str) -> str:
     """One component's address in the lab of this state directory: lab_urls(state)[component]."""
     return lab_urls(state)[component]
+
+
+# The names a browser or a local client uses for this machine's loopback.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def served_hosts(host: str, port: int, names: tuple[str, ...] | list[str] = ()) -> frozenset[str]:
+    """The Host headers a server bound to host:port answers: its loopback names with that port,
+    the address it is bound to (unless a wildcard), and `names` (e.g. compose's service name).
+
+    Anything else is a name someone else chose: a DNS-rebinding page in the learner's browser
+    (`rebind.attacker.example` resolved to 127.0.0.1) sends its own name as Host, and is refused.
+
+        >>> sorted(served_hosts("127.0.0.1", 9096))
+        ['127.0.0.1:9096', '[::1]:9096', 'localhost:9096']
+    """
+    bound = () if host in WILDCARDS else (f"[{host}]" if ":" in host and not host.startswith("[") else host,)
+    return frozenset(f"{name.lower()}:{port}" for name in (*LOOPBACK_NAMES, *bound, *names))
+
+
+def host_allowed(header: str | None, allowed: frozenset[str]) -> bool:
+    """Whether a request's Host header is one of the served hosts (an absent one is not)."""
+    return header is not None and header.strip().lower() in allowed
