@@ -15,9 +15,13 @@ import socket
 import sys
 from pathlib import Path
 
-from runwatch.core.addresses import lab_url
+from runwatch.core.addresses import lab_url, served_hosts
 from runwatch.core.command import Parser, UsageError
 from runwatch.core.names import LOOPBACK, PORTS, url
+
+LIMIT_CONCURRENCY = 512  # connections and requests at once; a learner's browser opens a handful
+KEEP_ALIVE_S = 5
+BACKLOG = 128
 
 
 def _port(text: str) -> int:
@@ -39,6 +43,9 @@ def parser() -> Parser:
     p = Parser(prog="runwatch console", description="Serve the on-call console: plate, pages, runbooks, ack, diagnose.")
     p.add_argument("--host", default=LOOPBACK, help=f"address to listen on (default {LOOPBACK}: this machine only)")
     p.add_argument("--port", type=_port, default=PORTS["console"], help=f"port (default {PORTS['console']})")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a host name the browser reaches the console by, besides this machine's loopback "
+                        "(any other Host is refused: DNS rebinding)")  # fmt: skip
     for name in ("prometheus", "alertmanager", "pager"):
         p.add_argument(f"--{name}", type=_url(f"--{name}"), default=None, metavar="URL",
                        help=f"the {name} to read (default: the --state-dir's lab's, else {url(name)})")  # fmt: skip
@@ -87,7 +94,15 @@ def main(argv: list[str] | None = None) -> int:
 
     sources = Sources(args.prometheus, args.alertmanager, args.pager, args.prometheus_link, args.grafana,
                       args.state_dir.absolute() if args.state_dir else None)  # fmt: skip
-    config = uvicorn.Config(make_app(sources), log_level="warning", access_log=False, lifespan="off")
+    hosts = served_hosts(args.host, sock.getsockname()[1], args.allow_host)
+    # Bounded as a production server is: past LIMIT_CONCURRENCY open connections and requests a
+    # new one is answered 503 at once, and a connection idle (or stalled mid-headers) for
+    # KEEP_ALIVE_S is closed; Starlette's thread pool (40) bounds the endpoints that block.
+    # Measured under slow connections by benchmarks/bench_slow_connections.py.
+    config = uvicorn.Config(
+        make_app(sources, hosts=hosts), log_level="warning", access_log=False, lifespan="off",
+        limit_concurrency=LIMIT_CONCURRENCY, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG,
+    )  # fmt: skip
     print(f"{p.prog}: http://{args.host}:{args.port}/ (Prometheus {args.prometheus})", file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[sock])  # stops on SIGINT and SIGTERM, as PID 1 in a container must
     return 0

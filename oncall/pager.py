@@ -556,7 +556,8 @@ class _Handler(BaseHTTPRequestHandler):
         address of the pager's, and never an Origin.
         """
         if not host_allowed(self.headers.get("Host"), self.server.hosts):
-            return f"Host {self.headers.get('Host')!r} is not the pager's (it answers as {', '.join(sorted(self.server.hosts))})"
+            served = ", ".join(sorted(self.server.hosts))
+            return f"Host {self.headers.get('Host')!r} is not the pager's (it answers as {served})"
         if "Origin" in self.headers:
             return f"a browser's request (Origin {self.headers['Origin']!r}); only Alertmanager posts here"
         return None

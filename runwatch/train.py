@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
         help=f"one of {', '.join(INCIDENTS)}, or {RANDOM} for a drill; with --ranks, {', '.join(CLUSTER_INCIDENTS)}",
     )  # fmt: skip
     p.add_argument("--seed", type=SEED, default=None,
-                   help=f"seeds batches, held-out set and jitter (default {d.seed}; a drill draws its own, in secret)")  # fmt: skip
+                   help=f"seeds batches, held-out set, jitter (default {d.seed}; a drill draws its own)")  # fmt: skip
     p.add_argument("--steps", type=number(int, 1, MAX_STEPS), default=d.steps)
     p.add_argument("--onset", type=STEP, default=None, help=f"first incident step (default {d.onset})")
     p.add_argument(
