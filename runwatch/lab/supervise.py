@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import os
 import random
 import re
 import secrets
@@ -64,6 +65,7 @@ ALERTMANAGER_FLAGS = [
 
 
 PY = [sys.executable, "-m", "runwatch"]  # our own commands, in this interpreter
+JOB_TAG = "RUNWATCH_JOB_TAG"  # in the environment of each component and all it starts (Lab.stop)
 
 
 def loopback(config: str, ports: dict[str, int] = PORTS) -> str:
@@ -244,9 +246,11 @@ class Lab:
         self.pids.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{comp.name}.log", "ab") as log, _Interrupts.held_back():
             # A session of its own: Ctrl-C in the terminal reaches `up`, which stops them in order.
+            tag = secrets.token_hex(8)  # inherited by all it starts: `stop` finds them by it (_job)
             proc = subprocess.Popen(
-                comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+                comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, JOB_TAG: tag},
+            )  # fmt: skip
             # The start time with the PID: a PID the kernel reuses for another process is not ours.
             started = psutil.Process(proc.pid).create_time()
             record = {
@@ -255,6 +259,7 @@ class Lab:
                 "argv": comp.argv,
                 "ready_url": comp.ready_url,
                 "url": comp.url,
+                "tag": tag,
             }
             write_atomic(self.pids / f"{comp.name}.json", json.dumps(record) + "\n")
         if not wait_ready(comp.ready_url, 60, proc):
@@ -319,13 +324,40 @@ class Lab:
         if "damaged" in record:
             print(f"runwatch: {record['damaged']}; if {name} still runs, stop it by hand", file=sys.stderr)
         proc = self.process(record)
+        # Its whole job, not only its first process: a launcher killed -9 left mpiexec, its
+        # proxy and the ranks training on, holding the trainer's port (issue 28).
+        members = self._job(record)
         if proc is not None:
             proc.terminate()
             if not self._exits(record, timeout):
                 proc.kill()
                 self._exits(record, 5)
+        if members:
+            for member in members:
+                with contextlib.suppress(psutil.Error):
+                    member.terminate()
+            _, left = psutil.wait_procs(members, timeout=timeout)
+            for member in left:
+                with contextlib.suppress(psutil.Error):
+                    member.kill()
+            psutil.wait_procs(left, timeout=5)
         path.unlink(missing_ok=True)
-        return proc is not None
+        return proc is not None or bool(members)
+
+    @staticmethod
+    def _job(record: dict) -> list[psutil.Process]:
+        """Every other process that carries the component's tag in its environment: all that it
+        started, however they were detached (mpiexec, its proxy and each rank set up sessions of
+        their own) and after it died (then they are init's children, in no tree of its)."""
+        tag = record.get("tag")
+        if not isinstance(tag, str) or not tag:
+            return []
+        found = []
+        for other in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if other.pid != record.get("pid") and other.environ().get(JOB_TAG) == tag:
+                    found.append(other)
+        return found
 
     def _exits(self, record: dict, timeout: float) -> bool:
         """Wait until the process has exited. A zombie has: its parent (init, for a detached lab)
