@@ -90,7 +90,12 @@ class Process:
         log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         self._log = log
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        if not wait_ready(self.ready_url, self.timeout, self.proc):
+        try:
+            ready = wait_ready(self.ready_url, self.timeout, self.proc)
+        except BaseException:  # Ctrl-C while it starts: `with` calls no __exit__ for a failed __enter__
+            self.stop()
+            raise
+        if not ready:
             self.stop()
             tail = self.log_path.read_text(errors="replace").strip().splitlines()[-5:]
             raise ProcessError(f"{Path(self.argv[0]).name} did not become ready: " + " | ".join(tail))
