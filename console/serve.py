@@ -19,8 +19,16 @@ from runwatch.core.addresses import lab_url, served_hosts
 from runwatch.core.command import Parser, UsageError
 from runwatch.core.names import LOOPBACK, PORTS, url
 
-LIMIT_CONCURRENCY = 512  # connections and requests at once; a learner's browser opens a handful
+# Bounded as a production async server is (issue 28). A connection has HEAD_TIMEOUT_S to send
+# a whole request head, and at most MAX_WAITING wait for theirs (then the oldest is closed: a
+# client that sends its request at once is served however many stall); an idle kept-alive one
+# is closed after KEEP_ALIVE_S (uvicorn's); past LIMIT_CONCURRENCY connections or requests in
+# flight a request is answered 503; Starlette's thread pool (40) bounds the endpoints that
+# block. Measured under slow connections by benchmarks/bench_slow_connections.py.
+HEAD_TIMEOUT_S = 10.0
+MAX_WAITING = 1024
 KEEP_ALIVE_S = 5
+LIMIT_CONCURRENCY = MAX_WAITING + 256
 BACKLOG = 128
 
 
@@ -102,10 +110,47 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn.Config(
         make_app(sources, hosts=hosts), log_level="warning", access_log=False, lifespan="off",
         limit_concurrency=LIMIT_CONCURRENCY, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG,
+        http=_bounded_h11(),
     )  # fmt: skip
     print(f"{p.prog}: http://{args.host}:{args.port}/ (Prometheus {args.prometheus})", file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[sock])  # stops on SIGINT and SIGTERM, as PID 1 in a container must
     return 0
+
+
+def _bounded_h11() -> type:
+    """uvicorn's h11 protocol with what it lacks against slow clients: a deadline for the
+    request head, and a cap on the connections waiting for theirs (uvicorn imported late)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    waiting: dict = {}  # protocol -> its deadline's timer, oldest first (one server per process)
+
+    class BoundedH11(H11Protocol):
+        def connection_made(self, transport) -> None:  # noqa: ANN001 (asyncio's)
+            super().connection_made(transport)
+            waiting[self] = self.loop.call_later(HEAD_TIMEOUT_S, self._late)
+            if len(waiting) > MAX_WAITING:
+                next(iter(waiting))._late()
+
+        def _late(self) -> None:
+            self._headed()
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def _headed(self) -> None:
+            timer = waiting.pop(self, None)
+            if timer is not None:
+                timer.cancel()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None:  # a whole request head has come
+                self._headed()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._headed()
+            super().connection_lost(exc)
+
+    return BoundedH11
 
 
 if __name__ == "__main__":

@@ -21,13 +21,17 @@ Do not point two pager processes at one log: the lock that keeps lines whole is 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
+import selectors
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -58,6 +62,16 @@ WATCHDOG_SILENT = "WatchdogSilent"
 WATCHDOG_TIMEOUT_S = 30.0
 # How long a webhook waits for Prometheus's rules before storing its pages without them.
 RULES_TIMEOUT_S = 2.0
+# Bounded as a production server is (issue 28: 8,000 half-open connections gave the pager 6,800
+# threads, and /-/ready timed out for minutes after they closed). A connection waits in one
+# selector thread, costing no thread, until a whole request head has come; only then does one
+# of WORKERS threads serve it. Alertmanager sends a few notifications at once; the console and
+# Prometheus read a page list and /metrics. Measured by benchmarks/bench_slow_connections.py.
+WORKERS = 16
+MAX_CONNECTIONS = 1024  # waiting at once; past it the oldest that never sent a whole request is closed
+HEAD_TIMEOUT_S = 10.0  # for a request's line and headers to arrive, and for each read of a body
+IDLE_TIMEOUT_S = 300.0  # a kept-alive connection between requests: Alertmanager keeps one 5 minutes
+MAX_HEAD_BYTES = 64 << 10
 
 
 class PayloadError(ValueError):
@@ -401,8 +415,136 @@ class PagerMetrics:
             self.rejected.labels(reason)
 
 
+class _Prefixed(io.RawIOBase):
+    """A connection's bytes: those the waiting room already read, then the socket's."""
+
+    def __init__(self, head: bytes, sock: socket.socket) -> None:
+        self.head, self.sock = memoryview(head), sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        if self.head:
+            n = min(len(buffer), len(self.head))
+            buffer[:n], self.head = self.head[:n], self.head[n:]
+            return n
+        try:
+            return self.sock.recv_into(buffer)
+        except BlockingIOError:
+            return None
+
+
+class _WaitingRoom:
+    """Connections that have no whole request yet, in one selector thread: a half-open or
+    stalled connection holds a socket here, never a thread. A whole request head goes to the
+    server's worker pool; a connection silent past its deadline, or one too many, is closed."""
+
+    def __init__(self, server: PagerServer) -> None:
+        self.server = server
+        self.selector = selectors.DefaultSelector()
+        self.lock = threading.Lock()
+        # sock -> [address, bytes so far, deadline, served before], oldest first
+        self.waiting: dict[socket.socket, list] = {}
+        self.busy = 0  # connections a worker holds
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        self.thread = threading.Thread(target=self._run, name="pager-waiting-room", daemon=True)
+        self.thread.start()
+
+    def admit(self, sock: socket.socket, address: Any, head: bytes = b"", idle: bool = False) -> None:
+        """A connection to wait for its next request; when the room is full, the oldest that has
+        never sent a whole request makes way (a client that sends its request at once, as
+        Alertmanager and a probe do, is served however many stalled ones there are)."""
+        with self.lock:
+            oldest = None
+            if len(self.waiting) >= MAX_CONNECTIONS:
+                fresh = (s for s, entry in self.waiting.items() if not entry[3])
+                oldest = next(fresh, None) or next(iter(self.waiting))
+            sock.setblocking(False)
+            deadline = time.monotonic() + (IDLE_TIMEOUT_S if idle and not head else HEAD_TIMEOUT_S)
+            self.waiting[sock] = [address, bytearray(head), deadline, idle]
+        if oldest is not None:
+            self._drop(oldest)
+        if head and b"\r\n\r\n" in head:  # a pipelined request already here
+            self._dispatch(sock)
+            return
+        self.selector.register(sock, selectors.EVENT_READ)
+        self.wake_w.send(b"x")
+
+    def done(self) -> None:
+        with self.lock:
+            self.busy -= 1
+
+    def close(self) -> None:
+        with self.lock:
+            socks, self.waiting = list(self.waiting), {}
+        for sock in socks:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.selector.unregister(sock)
+            self.server.shutdown_request(sock)
+        with contextlib.suppress(OSError):
+            self.wake_w.send(b"x")
+
+    def _run(self) -> None:
+        while not self.server.stopped.is_set():
+            for key, _ in self.selector.select(timeout=1.0):
+                if key.fileobj is self.wake_r:
+                    with contextlib.suppress(OSError):
+                        self.wake_r.recv(4096)
+                    continue
+                self._read(key.fileobj)
+            now = time.monotonic()
+            with self.lock:
+                late = [sock for sock, entry in self.waiting.items() if entry[2] < now]
+            for sock in late:
+                self._drop(sock)
+        self.selector.close()
+
+    def _read(self, sock: socket.socket) -> None:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        with self.lock:
+            entry = self.waiting.get(sock)
+        if entry is None:
+            return
+        if not data:  # closed by the client
+            return self._drop(sock)
+        entry[1] += data
+        if len(entry[1]) == len(data):  # its first bytes: the head has HEAD_TIMEOUT_S from now
+            entry[2] = time.monotonic() + HEAD_TIMEOUT_S
+        if b"\r\n\r\n" in entry[1] or len(entry[1]) > MAX_HEAD_BYTES:  # too long: the handler says 431/400
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(sock)
+            self._dispatch(sock)
+
+    def _dispatch(self, sock: socket.socket) -> None:
+        with self.lock:
+            address, head, _, _ = self.waiting.pop(sock)
+            self.busy += 1
+        try:
+            self.server.pool.submit(self.server.serve_connection, sock, address, bytes(head))
+        except RuntimeError:  # the pool is shut down: the server is closing
+            self.done()
+            self.server.shutdown_request(sock)
+
+    def _drop(self, sock: socket.socket) -> None:
+        with self.lock:
+            found = self.waiting.pop(sock, None)
+        if found is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(sock)
+            self.server.shutdown_request(sock)
+
+
 class PagerServer(ThreadingHTTPServer):
-    """A ThreadingHTTPServer carrying the page log, metrics and settings its handlers need."""
+    """An HTTP server carrying the page log, metrics and settings its handlers need; its
+    connections wait in a _WaitingRoom and are served by a pool of WORKERS threads."""
 
     daemon_threads = True
     request_queue_size = 64  # Alertmanager may send several groups at once
@@ -424,10 +566,36 @@ class PagerServer(ThreadingHTTPServer):
         self.prometheus = ""  # where the rules in force are read; "" stores pages without them
         self.watchdog = Watchdog(WATCHDOG_TIMEOUT_S)
         self.hosts = served_hosts(address[0], self.server_address[1])  # the Host headers the webhook answers
+        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="pager-worker")
+        self.room = _WaitingRoom(self)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A new connection waits in the room (no thread per connection, as ThreadingMixIn has)."""
+        self.room.admit(request, client_address)
+
+    def serve_connection(self, sock: socket.socket, address: Any, head: bytes) -> None:
+        """One request of a connection, in a worker; a kept-alive connection goes back to wait."""
+        keep, rest = False, b""
+        try:
+            sock.setblocking(True)
+            sock.settimeout(HEAD_TIMEOUT_S)
+            handler = self.RequestHandlerClass(sock, address, self, head=head)
+            keep, rest = not handler.close_connection, handler.rest
+        except Exception:
+            self.handle_error(sock, address)
+        finally:
+            self.room.done()
+        if keep and not self.stopped.is_set():
+            self.room.admit(sock, address, rest, idle=True)
+        else:
+            self.shutdown_request(sock)
 
     def server_close(self) -> None:
         self.stopped.set()
         super().server_close()
+        if hasattr(self, "room"):  # not if binding failed
+            self.room.close()
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that closes or resets its kept-alive connection is normal, not an error."""
@@ -465,9 +633,31 @@ class _Handler(BaseHTTPRequestHandler):
     # lookups for seconds after any container starts or stops: with a new connection (and a
     # lookup) per notification, a TrainerDown page came 28-52 s late instead of ~12 s.
     protocol_version = "HTTP/1.1"
-    # Seconds an idle or stalled connection may hold its handler thread: Alertmanager's client
-    # keeps an idle connection 5 minutes (prometheus/common's IdleConnTimeout).
-    timeout = 300
+    # An idle kept-alive connection waits in the server's _WaitingRoom (IDLE_TIMEOUT_S: as
+    # long as Alertmanager's client keeps one, prometheus/common's IdleConnTimeout), holding no
+    # thread; a handler reads one request, each read within HEAD_TIMEOUT_S.
+    timeout = HEAD_TIMEOUT_S
+
+    def __init__(self, request: Any, client_address: Any, server: PagerServer, head: bytes = b"") -> None:
+        self.head, self.rest = head, b""
+        super().__init__(request, client_address, server)
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own file: reads go through what the room read first
+        self.rfile = io.BufferedReader(_Prefixed(self.head, self.connection))
+
+    def handle(self) -> None:
+        """One request; the waiting room holds the connection until the next one comes."""
+        self.close_connection = True
+        self.handle_one_request()
+        if not self.close_connection:  # what came after this request (pipelined) goes back with it
+            self.connection.setblocking(False)
+            try:
+                self.rest = self.rfile.peek(1 << 16) if self.rfile.peek(1) else b""
+                self.rest = self.rfile.read(len(self.rest)) if self.rest else b""
+            finally:
+                self.connection.setblocking(True)
 
     def _reply(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
         self.send_response(code)
