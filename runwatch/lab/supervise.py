@@ -25,6 +25,7 @@ import os
 import random
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +56,9 @@ PROMETHEUS_FLAGS = [
     f"--web.external-url=http://{LOOPBACK}:{PORTS['prometheus']}/",
     "--rules.alert.resend-delay=2s",  # an Alertmanager that restarts hears of firing alerts in 2 s, not 1 m
     "--storage.tsdb.retention.time=30d",
+    # A query (a rule's evaluation too) ends after this: the lab's take milliseconds, and a
+    # reload that restores the old rules waits for a runaway rule's evaluation to end (issue 28).
+    "--query.timeout=20s",
 ]
 
 
@@ -126,12 +130,38 @@ class Lab:
 
     def link_config(self) -> None:
         self.targets.mkdir(parents=True, exist_ok=True)
-        for name, target in [("prometheus.yml", self.layout.prometheus_yml), ("rules", self.layout.rules_dir)]:
+        for name, target in [("prometheus.yml", self.layout.prometheus_yml)]:
             link = self.prometheus_dir / name
             if link.is_symlink() or link.exists():
                 link.unlink()
             link.symlink_to(target.absolute())
+        self.install_rules()
         self.render_alertmanager_config()
+
+    # The rules Prometheus reads are a copy, made at `up` and at each reload: a reload whose
+    # rules Prometheus cannot evaluate in time puts the copy in force before it back (issue 28).
+    def install_rules(self) -> None:
+        """Put a copy of the configuration's rule files in force (state/prometheus/rules); the
+        ones in force before go to rules.previous, for restore_rules."""
+        rules, previous = self.prometheus_dir / "rules", self.prometheus_dir / "rules.previous"
+        staged = self.prometheus_dir / "rules.staged"
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir(parents=True)
+        for f in self.layout.rule_files():
+            shutil.copyfile(f, staged / f.name)
+        shutil.rmtree(previous, ignore_errors=True)
+        if rules.is_symlink():  # a lab started before the rules were copied
+            rules.unlink()
+        elif rules.exists():
+            rules.rename(previous)
+        staged.rename(rules)
+
+    def restore_rules(self) -> None:
+        """Put back the rules in force before the last install_rules."""
+        rules, previous = self.prometheus_dir / "rules", self.prometheus_dir / "rules.previous"
+        if previous.is_dir():
+            shutil.rmtree(rules, ignore_errors=True)
+            previous.rename(rules)
 
     def render_alertmanager_config(self) -> None:
         """Alertmanager's config as the repository has it, with loopback addresses."""
