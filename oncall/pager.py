@@ -219,7 +219,7 @@ def _parse_pages(data: bytes, log_path: Path, stderr: TextIO | None) -> list[dic
             continue
         try:
             page = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # torn, or nested too deeply to be a page
             page = None
         if isinstance(page, dict):
             pages.append(page)

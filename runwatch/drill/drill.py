@@ -22,6 +22,7 @@ import contextlib
 import html
 import json
 import re
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -94,7 +95,7 @@ class Drill:
 
 def drill(args: argparse.Namespace) -> int:
     d = Drill(args.state_dir)
-    if d.path.exists() and json.loads(d.path.read_text()).get("diagnosis") is None:
+    if d.path.exists() and read_json(d.path, "the drill's record").get("diagnosis") is None:
         running = [n for n, r in d.lab.records().items() if d.lab.alive(r)]
         if running:
             raise UsageError(f"a drill is already running in {d.lab.state}: `runwatch diagnose` it, or `runwatch down`")
@@ -321,7 +322,7 @@ def scoreboard(path: Path) -> list[dict]:
     rows = []
     with contextlib.suppress(FileNotFoundError):
         for line in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):  # torn, or nested too deeply
                 row = json.loads(line)
                 if isinstance(row, dict) and isinstance(row.get("correct"), bool):
                     rows.append(row)
@@ -345,7 +346,11 @@ def postmortem(args: argparse.Namespace) -> int:
         raise UsageError("diagnose the drill first (`runwatch diagnose INCIDENT`): the timeline needs the truth")
     out = args.out or d.lab.state / f"postmortem-{run_id}.md"  # beside the drill, not in a checkout
     check_writable(out, "--out")
-    events = timeline(d, record, grade)
+    try:
+        events = timeline(d, record, grade)
+        postmortem_markdown(run_id, grade, events, "")  # the same record's shape, before the plate is drawn
+    except (KeyError, TypeError, AttributeError, ValueError) as err:  # a hand-edited drill.json
+        raise UsageError(f"{d.path}: the drill's record is damaged ({type(err).__name__}: {err})") from None
     image = out.with_name(f"{out.stem}-plate.png")
     try:
         plate.draw(plate.collect(d.lab.url("prometheus"), run_id, since_s=_now() - record["started_at"] + 60), image)
@@ -377,9 +382,12 @@ def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
         (record["diagnosis"]["at"], f"Diagnosed as {grade['diagnosed']} ({'correct' if grade['correct'] else 'wrong'})")
     )
     run_json = d.lab.runs / run_id / "run.json"
-    ended = json.loads(run_json.read_text()).get("ended_at") if run_json.exists() else None
-    if ended:
-        events.append((datetime.fromisoformat(ended).timestamp(), "Run ended"))
+    try:  # the trainer's record: damaged, the timeline goes without its end, and says why
+        ended = read_json(run_json, "the run's record").get("ended_at") if run_json.exists() else None
+        if ended:
+            events.append((datetime.fromisoformat(str(ended)).timestamp(), "Run ended"))
+    except (UsageError, ValueError) as err:
+        print(f"runwatch postmortem: the timeline has no run end: {err}", file=sys.stderr)
     events.sort(key=lambda e: e[0])
     return events
 

@@ -81,12 +81,12 @@ def status(args: argparse.Namespace) -> int:
             state = "EXITED"
         else:
             try:
-                ok = requests.get(rec["ready_url"], timeout=2).status_code == 200
+                ok = requests.get(str(rec.get("ready_url")), timeout=2).status_code == 200
             except requests.RequestException:
                 ok = False
             state = "ready" if ok else "NOT READY"
         bad += state != "ready"
-        print(f"  {name:13s} {state:10s} pid {rec['pid']:<8d} {rec['url']}")
+        print(f"  {name:13s} {state:10s} pid {rec['pid']:<8d} {rec.get('url', '')}")
     return 1 if bad else 0
 
 

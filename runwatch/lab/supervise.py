@@ -310,7 +310,12 @@ class Lab:
         records = {}
         for path in sorted(self.pids.glob("*.json")):
             try:
-                records[path.stem] = read_json(path, "a PID file")
+                record = read_json(path, "a PID file")
+                shape = {"pid": int, "argv": list}
+                wrong = [k for k, kind in shape.items() if not isinstance(record.get(k), kind)]
+                if wrong:  # valid JSON of the wrong shape names no process either
+                    raise UsageError(f"{path}: a PID file is damaged (no {wrong[0]}); `runwatch down` removes it")
+                records[path.stem] = record
             except UsageError as err:
                 records[path.stem] = {"damaged": str(err)}
         return records
