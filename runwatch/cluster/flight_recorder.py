@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from runwatch.core.addresses import lab_url
 from runwatch.core.command import Command, UsageError, add_state_dir, read_json
 from runwatch.exporter.rank_metrics import RANK_COLLECTIVE_SEQ, RANK_LAST_STEP_TIME, RANK_STEP
-from runwatch.prom.server import PromQLError, instant
+from runwatch.prom.server import PromQLError, instant, quoted
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def read_ranks(prometheus: str, run_id: str) -> list[RankState]:
     Prometheus, or scraped from a hand-run exporter), is left out, never a traceback."""
     values: dict[str, dict[tuple[str, str], float]] = {}
     for name in (RANK_COLLECTIVE_SEQ, RANK_STEP, RANK_LAST_STEP_TIME):
-        for s in instant(prometheus, f'{name}{{run_id="{run_id}"}}'):
+        for s in instant(prometheus, f'{name}{{run_id="{quoted(run_id)}"}}'):
             rank, value = str(s["metric"].get("rank", "")), float(s["value"][1])
             if rank.isascii() and rank.isdigit() and math.isfinite(value):
                 values.setdefault(name, {})[(rank, s["metric"].get("node", "?"))] = value

@@ -34,7 +34,7 @@ from runwatch.core.command import Command, UsageError, add_state_dir, check_writ
 from runwatch.core.files import write_atomic
 from runwatch.lab import supervise as lab_mod
 from runwatch.oncall.pager import read_pages, received_time
-from runwatch.prom.server import PromQLError, instant
+from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.readouts import picture as plate
 from runwatch.trainer.config import CLUSTER_INCIDENTS, DRILL_ONSET_RANGE, INCIDENTS, MAX_RANKS, SEED, STEP
 from runwatch.trainer.sealed import unseal
@@ -188,7 +188,7 @@ def silence(alertmanager: str, alert: str, run_id: str, comment: str, minutes: f
 def onset_time(prometheus: str, run_id: str, onset: int, since: float) -> float | None:
     """When the trainer's onset step was first scraped: read from Prometheus (None if it cannot say)."""
     window = int(_now() - since) + 60
-    step = f'runwatch_train_step{{run_id="{run_id}"}}'
+    step = f'runwatch_train_step{{run_id="{quoted(run_id)}"}}'
     # timestamp() of the plain selector is the scrape's time; of `step >= onset` it would be the
     # evaluation's, up to a second later
     q = f"min_over_time((timestamp({step}) and {step} >= {onset})[{window}s:1s])"
@@ -210,7 +210,7 @@ def fired_in_prometheus(prometheus: str, page: dict, run_id: str, since: float) 
     if received is None or not ALERT_NAME.fullmatch(str(page.get("alert", ""))):
         return False
     at = received + 2  # ALERTS is written when the alert fires, before the notification
-    selector = f'ALERTS{{alertname="{page["alert"]}",run_id="{run_id}",alertstate="firing"}}'
+    selector = f'ALERTS{{alertname="{page["alert"]}",run_id="{quoted(run_id)}",alertstate="firing"}}'
     try:
         return bool(instant(prometheus, f"count_over_time({selector}[{int(at - since) + 60}s])", at))
     except (requests.RequestException, PromQLError):

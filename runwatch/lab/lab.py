@@ -30,7 +30,7 @@ from runwatch.core.command import Command, add_state_dir, number, read_json
 from runwatch.core.paths import Layout
 from runwatch.lab.supervise import Lab, add_ports, up
 from runwatch.prom.checks import evaluation_problems, run_all
-from runwatch.prom.server import PromQLError, instant
+from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.trainer.config import MAX_RANKS, SEED, STEP
 
 
@@ -55,7 +55,7 @@ def run_state(lab: Lab) -> str | None:
     run = read_json(run_json, "the run's record") if run_json.exists() else {}
     if run.get("status") in (None, "running"):
         try:
-            found = instant(lab.url("prometheus"), f'runwatch_train_step{{run_id="{run_id}"}}')
+            found = instant(lab.url("prometheus"), f'runwatch_train_step{{run_id="{quoted(run_id)}"}}')
             state = f"running, at step {int(float(found[0]['value'][1]))}" if found else "running, not yet scraped"
         except (requests.RequestException, PromQLError):
             state = "running (Prometheus cannot say at which step)"

@@ -9,6 +9,7 @@ context manager so the process is stopped on every way out, Ctrl-C included.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -132,6 +133,16 @@ def _api(base: str, path: str, params: dict) -> dict:
             f"{body.get('errorType', 'error')}: {body.get('error', resp.text)} (query: {params['query']})"
         )
     return body["data"]
+
+
+def quoted(text: str) -> str:
+    """text as the inside of a PromQL string literal: a run id with `"` or `\\` in it selects
+    that run, and cannot end the string and add a query of its own (query injection).
+
+        >>> f'runwatch_train_step{{run_id="{quoted('a"} or vector(1) #')}"}}'
+        'runwatch_train_step{run_id="a\\"} or vector(1) #"}'
+    """
+    return json.dumps(str(text), ensure_ascii=False)[1:-1]  # PromQL's escapes are Go's, which JSON's are
 
 
 def query_range(base: str, query: str, start: float, end: float, step: float = 1.0) -> list[dict]:
