@@ -44,7 +44,7 @@ from runwatch.trainer.config import (
 )
 from runwatch.trainer.live import RunRecord, run_live, unique_run_id
 from runwatch.trainer.offline import simulate, write_openmetrics
-from runwatch.trainer.run import Trainer
+from runwatch.trainer.run import NonFiniteCheckpointError, Trainer
 from runwatch.trainer.sealed import unseal
 
 RANDOM = "random"
@@ -224,6 +224,8 @@ def resume(args: argparse.Namespace) -> Trainer:
         trainer = Trainer.from_checkpoint(args.resume)
     except FileNotFoundError:
         raise UsageError(f"--resume: no checkpoint at {args.resume}") from None
+    except NonFiniteCheckpointError as err:
+        raise UsageError(f"--resume: {err}") from None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:  # empty, truncated, foreign
         raise UsageError(f"--resume: {args.resume} is not a runwatch checkpoint ({err})") from None
     if trainer.cfg.ranks > 1 or args.ranks > 1:

@@ -80,6 +80,20 @@ def _wrong_shape(path: Path, good: Path) -> None:
 
 
 @pytest.mark.integration
+def test_resume_of_a_checkpoint_with_nan_weights_is_refused(tmp_path, checkpoint):
+    """Issue 28, item 11: it resumed and trained "loss nan" silently."""
+    with np.load(checkpoint) as saved:
+        arrays = {key: saved[key] for key in saved.files}
+    w = arrays["w"].copy()
+    w[0, 0] = np.nan
+    np.savez(tmp_path / "nan.npz", **{**arrays, "w": w})
+    res = runwatch("train", "--resume", str(tmp_path / "nan.npz"), "--port", "0", "--run-dir", "run", cwd=tmp_path,
+                   timeout=60)  # fmt: skip
+    one_line(res, 2, "--resume", "not finite")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("damage", [_empty, _truncated, _wrong_shape])
 def test_resume_of_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_path, checkpoint, damage):
     bad = tmp_path / "bad.npz"

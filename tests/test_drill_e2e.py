@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from runwatch.core.addresses import lab_url
+from runwatch.drill.drill import notification_window_s
 from runwatch.oncall.pager import read_pages
 from runwatch.prom.server import instant
 from tests.conftest import runwatch, wait_for
@@ -143,6 +144,20 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert res.returncode == 2 and "already diagnosed" in res.stderr
     (state / "drill.json").write_text(json.dumps(record))
 
+    # Issue 28: a page of a real alert forged after it stopped firing was a confirmed "Page".
+    # Posted once ALERTS has not had it firing for the longest Alertmanager may take to page
+    # (notification_window_s, from alertmanager.yml).
+    window = notification_window_s(state / "alertmanager" / "alertmanager.yml")
+    recent = f'ALERTS{{alertname="TrainingLossJump",run_id="{run_id}",alertstate="firing"}}[{int(window) + 2}s]'
+    wait_for(lambda: not instant(lab_url(state, "prometheus"), f"count_over_time({recent})"), 120,
+             "TrainingLossJump resolved a notification window ago")  # fmt: skip
+    late = {
+        "status": "firing", "fingerprint": "late", "startsAt": "2026-01-01T00:00:00Z",
+        "labels": {"alertname": "TrainingLossJump", "run_id": run_id, "severity": "page"},
+        "annotations": {"summary": "a late forgery"},
+    }  # fmt: skip
+    assert requests.post(f"{lab_url(state, 'pager')}/webhook", json={"alerts": [late]}, timeout=5).status_code == 200
+
     out = tmp_path / "pm.md"
     res = runwatch("postmortem", "--out", str(out), "--state-dir", str(state), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -156,6 +171,8 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     firsts = [kinds.index(k) for k in order]
     assert firsts == sorted(firsts), rows
     assert [t for t, _ in rows] == sorted(t for t, _ in rows)
+    (late_row,) = [event for _, event in rows if "a late forgery" in event]
+    assert late_row.startswith("Unconfirmed page: TrainingLossJump"), late_row
     forged = [event for _, event in rows if "ForgedPage" in event]  # shown, but inert
     assert (
         len(forged) == 1

@@ -202,17 +202,47 @@ def onset_time(prometheus: str, run_id: str, onset: int, since: float) -> float 
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def fired_in_prometheus(prometheus: str, page: dict, run_id: str, since: float) -> bool:
-    """Whether Prometheus's own record (ALERTS) has this page's alert firing for the run by the
-    time the page arrived. Any local process can post to the pager; only Prometheus's rules make
-    ALERTS, so a page without it is not counted (not an alert decision: Prometheus made it)."""
+DURATION = re.compile(r"(\d+)(ms|s|m|h)")
+RESEND_DELAY_S = 2  # Prometheus's --rules.alert.resend-delay in the lab (supervise.PROMETHEUS_FLAGS)
+
+
+def notification_window_s(alertmanager_yml: Path) -> float:
+    """The longest after an evaluation that has an alert firing that Alertmanager may send its
+    page: the longest group_wait plus the longest group_interval of its routes (alertmanager.yml;
+    group_interval is also when it retries a page the pager did not take), plus Prometheus's
+    resend delay. A page that arrives later than this after its alert last fired was not sent for it.
+    """
+    import yaml
+
+    def seconds(text: object) -> float:
+        return sum(int(n) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for n, u in DURATION.findall(str(text)))
+
+    def routes(route: dict) -> Iterator[dict]:
+        yield route
+        for child in route.get("routes") or []:
+            yield from routes(child)
+
+    try:
+        every = list(routes(yaml.safe_load(Path(alertmanager_yml).read_text())["route"]))
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        every = [{}]
+    wait = max(seconds(r.get("group_wait", "30s")) for r in every)  # Alertmanager's defaults
+    interval = max(seconds(r.get("group_interval", "5m")) for r in every)
+    return wait + interval + RESEND_DELAY_S
+
+
+def fired_in_prometheus(prometheus: str, page: dict, run_id: str, window: float) -> bool:
+    """Whether Prometheus's own record (ALERTS) has this page's alert firing for the run within
+    `window` seconds (notification_window_s) before the page arrived. Any local process can post
+    to the pager; only Prometheus's rules make ALERTS, so a page without it, or one posted after
+    its alert stopped firing, is not counted (not an alert decision: Prometheus made it)."""
     received = _t(page)
     if received is None or not ALERT_NAME.fullmatch(str(page.get("alert", ""))):
         return False
     at = received + 2  # ALERTS is written when the alert fires, before the notification
     selector = f'ALERTS{{alertname="{page["alert"]}",run_id="{quoted(run_id)}",alertstate="firing"}}'
     try:
-        return bool(instant(prometheus, f"count_over_time({selector}[{int(at - since) + 60}s])", at))
+        return bool(instant(prometheus, f"count_over_time({selector}[{int(window) + 2}s])", at))
     except (requests.RequestException, PromQLError):
         return False
 
@@ -222,7 +252,7 @@ def first_page(lab: lab_mod.Lab, run_id: str, since: float) -> dict | None:
     for page in read_pages(lab.page_log):
         if page.get("run_id") != run_id or page.get("status") != "firing":
             continue
-        if fired_in_prometheus(lab.url("prometheus"), page, run_id, since):
+        if fired_in_prometheus(lab.url("prometheus"), page, run_id, notification_window_s(lab.alertmanager_yml)):
             return page
     return None
 
@@ -373,8 +403,10 @@ def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
     for p in read_pages(d.lab.page_log):
         if p.get("run_id") == run_id and _t(p) is not None:
             what = "Page" if p.get("status") == "firing" else "Resolved"
-            if not fired_in_prometheus(d.lab.url("prometheus"), p, run_id, record["started_at"]):
-                what = f"Unconfirmed {what.lower()} (Prometheus never fired this alert)"
+            if not fired_in_prometheus(
+                d.lab.url("prometheus"), p, run_id, notification_window_s(d.lab.alertmanager_yml)
+            ):
+                what = f"Unconfirmed {what.lower()} (Prometheus was not firing this alert as it came)"
             events.append((_t(p), f"{what}: {p.get('alert')} (step {p.get('step') or '-'}): {p.get('summary')}"))
     for a in record["acks"]:
         events.append((a["at"], f"Acknowledged {a['alert']}: {a['comment']}"))
