@@ -223,3 +223,32 @@ def test_a_lone_surrogate_in_a_page_is_escaped_and_hides_no_page(console):
     resp = requests.get(f"{base}/pages", params={"run": "r2"}, timeout=10)
     assert resp.status_code == 200
     assert "x\\ud800y" in resp.text and "a page of the same run" in resp.text
+
+
+def test_a_postmortem_and_its_plate_are_the_state_dirs_own_files(tmp_path):
+    """Item 11: a postmortem path escaped through an existing postmortem-* folder, and a
+    symlinked plate PNG was served."""
+    state = tmp_path / "state"
+    (state / "postmortem-a").mkdir(parents=True)
+    (state / "postmortem-a" / "postmortem-b.md").write_text("# not the lab's\n")
+    (state / "postmortem-r1.md").write_text("# Postmortem r1\n")
+    (tmp_path / "secret.png").write_bytes(b"\x89PNG secret")
+    (state / "postmortem-r1-plate.png").symlink_to(tmp_path / "secret.png")
+    port, nowhere = free_port(), f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "console", "--port", str(port), "--prometheus", nowhere, "--alertmanager",
+         nowhere, "--pager", nowhere, "--state-dir", str(state)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_ready(f"{base}/-/ready", 30, proc), proc.stderr.read()
+        assert requests.get(f"{base}/postmortem/", params={"run": "r1"}, timeout=10).status_code == 200
+        for run in ("a/postmortem-b", "a/../postmortem-a/postmortem-b"):
+            resp = requests.get(f"{base}/postmortem/", params={"run": run}, timeout=10)
+            assert resp.status_code == 404 and "not the lab" not in resp.text, run
+        resp = requests.get(f"{base}/postmortem/postmortem-r1-plate.png", timeout=10)
+        assert resp.status_code == 404 and b"secret" not in resp.content
+    finally:
+        proc.terminate()
+        proc.wait(10)
