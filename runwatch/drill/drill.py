@@ -217,17 +217,20 @@ def notification_window_s(alertmanager_yml: Path) -> float:
     def seconds(text: object) -> float:
         return sum(int(n) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for n, u in DURATION.findall(str(text)))
 
-    def routes(route: dict) -> Iterator[dict]:
-        yield route
+    def routes(route: dict, inherited: dict) -> Iterator[dict]:
+        """Each route with the timings it has: its own, else its parent's (as Alertmanager reads them)."""
+        own = {**inherited, **{k: route[k] for k in ("group_wait", "group_interval") if k in route}}
+        yield own
         for child in route.get("routes") or []:
-            yield from routes(child)
+            yield from routes(child, own)
 
+    defaults = {"group_wait": "30s", "group_interval": "5m"}  # Alertmanager's
     try:
-        every = list(routes(yaml.safe_load(Path(alertmanager_yml).read_text())["route"]))
+        every = list(routes(yaml.safe_load(Path(alertmanager_yml).read_text())["route"], defaults))
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
-        every = [{}]
-    wait = max(seconds(r.get("group_wait", "30s")) for r in every)  # Alertmanager's defaults
-    interval = max(seconds(r.get("group_interval", "5m")) for r in every)
+        every = [defaults]
+    wait = max(seconds(r["group_wait"]) for r in every)
+    interval = max(seconds(r["group_interval"]) for r in every)
     return wait + interval + RESEND_DELAY_S
 
 
