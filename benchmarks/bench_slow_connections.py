@@ -1,6 +1,6 @@
 """Slow connections against the pager and the console: threads, memory and /-/ready under load.
 
-    python benchmarks/bench_slow_connections.py [--connections 8000] [--hold 20]
+    python benchmarks/bench_slow_connections.py [--connections 8000] [--hold 20] [--baseline REV]
 
 Each server runs as the lab runs it (`runwatch pager-serve`, `runwatch console`, on loopback).
 Then --connections clients connect and send half a request head (a request line and a Host,
@@ -8,6 +8,8 @@ never the blank line that ends it), and hold it: what issue 28's attack did with
 which gave the old pager 6,800 threads and a /-/ready that timed out for 3.5 minutes after they
 closed. While they are held the server's threads and memory are read (psutil) and /-/ready is
 asked 20 times; then they close, and the time to the next 200 from /-/ready is measured.
+--baseline REV measures the pager of that git revision too (its oncall/pager.py, which needs
+nothing of the project's), run side by side under the same load.
 
 The bound being measured is the servers' own (oncall/pager.py WORKERS, MAX_CONNECTIONS,
 HEAD_TIMEOUT_S; console/serve.py MAX_WAITING, HEAD_TIMEOUT_S): past the limit the oldest stalled
@@ -33,8 +35,18 @@ import requests
 from runwatch.prom.server import free_port, wait_ready
 
 
-def start(name: str, tmp: Path) -> tuple[subprocess.Popen, int]:
+def start(name: str, tmp: Path, baseline: str = "") -> tuple[subprocess.Popen, int]:
     port = free_port()
+    if name == "pager" and baseline:  # that revision's pager module, served as pager-serve serves it
+        source = subprocess.run(["git", "show", f"{baseline}:oncall/pager.py"], check=True, capture_output=True,
+                                cwd=Path(__file__).parent, text=True).stdout  # fmt: skip
+        (tmp / "old_pager.py").write_text(source)
+        log = str(tmp / "pages.jsonl")
+        serve = f"import old_pager; old_pager.make_server('127.0.0.1', {port}, {log!r}).serve_forever()"
+        proc = subprocess.Popen([sys.executable, "-c", serve], cwd=tmp, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+        assert wait_ready(f"http://127.0.0.1:{port}/-/ready", 60, proc), f"{baseline}'s pager did not start"
+        return proc, port
     if name == "pager":
         argv = ["pager-serve", "--port", str(port), "--log", str(tmp / "pages.jsonl")]
     else:
@@ -69,9 +81,9 @@ def hold(port: int, n: int) -> list[socket.socket]:
     return held
 
 
-def measure(name: str, connections: int, hold_s: float) -> dict:
+def measure(name: str, connections: int, hold_s: float, baseline: str = "") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        proc, port = start(name, Path(tmp))
+        proc, port = start(name, Path(tmp), baseline)
         server = psutil.Process(proc.pid)
         try:
             base = {"threads": server.num_threads(), "rss_mb": server.memory_info().rss / 2**20}
@@ -104,7 +116,8 @@ def measure(name: str, connections: int, hold_s: float) -> dict:
             proc.wait(10)
     ok = [m for m in during if m is not None]
     return {
-        "server": name, "connections": connections, "held_open_s": round(opened, 1),
+        "server": f"{name}@{baseline}" if baseline else name, "connections": connections,
+        "held_open_s": round(opened, 1),
         "threads": f"{base['threads']} -> {threads}", "rss_mb": f"{base['rss_mb']:.0f} -> {rss:.0f}",
         "open_after_hold": still_open,
         "ready_during_ok": f"{len(ok)}/{len(during)}",
@@ -120,9 +133,11 @@ def main() -> int:
     p.add_argument("--connections", type=int, default=8000)
     p.add_argument("--hold", type=float, default=20.0, help="seconds the connections are held (past HEAD_TIMEOUT_S)")
     p.add_argument("--servers", default="pager,console")
+    p.add_argument("--baseline", default="", metavar="REV", help="also measure this git revision's pager")
     args = p.parse_args()
-    for name in args.servers.split(","):
-        row = measure(name, args.connections, args.hold)
+    runs = [(name, "") for name in args.servers.split(",")] + ([("pager", args.baseline)] if args.baseline else [])
+    for name, baseline in runs:
+        row = measure(name, args.connections, args.hold, baseline)
         print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     return 0
 
