@@ -39,6 +39,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainT
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from runwatch.console import rules
 from runwatch.console.sources import ALERT_NAME, Sources, UnavailableError
 from runwatch.core.addresses import host_allowed, served_hosts
 from runwatch.core.command import UsageError
@@ -46,6 +47,7 @@ from runwatch.core.names import LOOPBACK, PORTS
 from runwatch.trainer.config import (  # what a diagnosis may name, as runwatch diagnose takes it
     CLUSTER_INCIDENTS,
     INCIDENTS,
+    TrainConfig,
 )
 
 HERE = Path(__file__).parent
@@ -133,12 +135,13 @@ def _console(request: Request) -> Console:
 
 
 def _selected_run(request: Request, runs: list[str]) -> str | None:
-    """?run=, else the native lab's run, else the newest run Prometheus holds."""
+    """?run=, else the native lab's run (from its start, before Prometheus holds a sample of
+    it), else the newest run Prometheus holds."""
     asked = request.query_params.get("run")
     if asked:
         return asked
     lab = _console(request).sources.lab_run()
-    return lab if lab in runs else (runs[0] if runs else None)
+    return lab or (runs[0] if runs else None)
 
 
 def index(request: Request) -> Response:
@@ -148,16 +151,20 @@ def index(request: Request) -> Response:
         runs = sources.runs()
     except UnavailableError as err:
         runs, problems = [], [str(err)]
+    runs = sources.runs_lab_first(runs)
     run = _selected_run(request, runs)
     drill = sources.drill()
     in_drill = drill is not None and drill["run_id"] == run
     postmortem = _postmortem_file(sources, run) if in_drill else None
+    # a drill of one rank hides no cluster incident: the form offers only what it can be
+    cluster = in_drill and int(drill.get("ranks", 1) or 1) > 1
     return console.render(
-        "index.html", runs=runs, run=run, problems=problems, incidents=INCIDENTS + CLUSTER_INCIDENTS,
+        "index.html", runs=runs, run=run, problems=problems,
+        incidents=INCIDENTS + (CLUSTER_INCIDENTS if cluster else ()),
         notice=console.notices.get(request.query_params.get("notice", "")),
         diagnosable=in_drill and drill.get("diagnosis") is None, diagnosed=in_drill and drill.get("diagnosis"),
         postmortem=postmortem.name if postmortem else None, rules=sources.rules_link() if run else "",
-        grafana=sources.grafana(run) if run else "", prometheus=sources.prometheus_link,
+        grafana=sources.grafana(run) if run else "", prometheus=sources.prometheus_link, fit=TrainConfig(),
     )  # fmt: skip
 
 
@@ -176,6 +183,14 @@ def _api(request: Request, read: Callable[[Sources, str], dict], example: str) -
 
 
 def plate(request: Request) -> Response:
+    run = request.query_params.get("run", "")
+    if run and run == _console(request).sources.lab_run():  # the lab's run, maybe not yet scraped
+        try:
+            return JSONResponse(_console(request).sources.plate(run))
+        except UsageError:
+            return JSONResponse({"run_id": run, "waiting": True})
+        except UnavailableError as err:
+            return JSONResponse({"error": str(err)}, 503)
     return _api(request, Sources.plate, "corrupt_shard-0-083113")
 
 
@@ -184,16 +199,16 @@ def ranks(request: Request) -> Response:
 
 
 def pages(request: Request) -> Response:
-    """The run's pages, newest first; those Alertmanager holds firing unsilenced get an Ack."""
+    """The run's incidents, one entry each, open ones first, oldest first: their pages, state
+    changes and ack. An incident not yet acknowledged offers an Ack, whatever its alert does now."""
     console, run = _console(request), request.query_params.get("run", "")
-    found, unacked, problems = [], set(), []
+    found, problems = [], []
     try:
-        found = console.sources.pages(run) if run else []
-        unacked = console.sources.unacked(run) if run else set()
-    except UnavailableError as err:  # the pages still show if only Alertmanager is down
+        found = console.sources.incidents(run) if run else []
+    except UnavailableError as err:
         problems.append(str(err))
     rules = console.sources.rules_link() if found else ""
-    return console.render("pages.html", pages=found, unacked=unacked, problems=problems, rules=rules)
+    return console.render("pages.html", incidents=found, problems=problems, rules=rules)
 
 
 def runbook(request: Request) -> Response:
@@ -213,11 +228,11 @@ async def ack(request: Request) -> Response:
         return form
     alert, run = form.get("alert", ""), form.get("run", "")
     if not ALERT_NAME.fullmatch(alert) or not run:
-        said = "ack: choose a firing alert of the run (its Ack button fills it in)"
+        said = "ack: choose an incident of the run (its Ack button fills it in)"
     else:
         # `--flag=value`: a comment such as "--help" is a value, not an option
         args = ["ack", alert, f"--run={run}", f"--comment={form.get('comment', '')}",
-                f"--alertmanager={console.sources.alertmanager}"]  # fmt: skip
+                f"--alertmanager={console.sources.alertmanager}", f"--pager={console.sources.pager}"]  # fmt: skip
         said = await run_in_threadpool(console.command, *args)
     return _back(run, console.notice(said))
 
@@ -240,7 +255,10 @@ async def write_postmortem(request: Request) -> Response:
     if isinstance(form, Response):
         return form
     said = await run_in_threadpool(console.command, "postmortem")
-    return _back(form.get("run", ""), console.notice(said))
+    run = form.get("run", "")
+    if _postmortem_file(console.sources, run) is not None and said.startswith("wrote "):  # show what was written
+        return RedirectResponse("/postmortem/?" + urlencode({"run": run}), status_code=303)
+    return _back(run, console.notice(said))
 
 
 def postmortem(request: Request) -> Response:
@@ -267,6 +285,11 @@ def ready(_: Request) -> Response:
     return PlainTextResponse("OK\n")
 
 
+def favicon(_: Request) -> Response:
+    """Browsers ask for /favicon.ico whatever the page links: the console's own icon."""
+    return FileResponse(HERE / "static" / "favicon.svg", media_type="image/svg+xml")
+
+
 ROUTES = [
     Route("/", index),
     Route("/api/plate", plate),
@@ -280,6 +303,8 @@ ROUTES = [
     Route("/postmortem/", postmortem, methods=["GET"]),
     Route("/postmortem/{name}", postmortem_image),
     Route("/-/ready", ready),
+    Route("/favicon.ico", favicon),
+    *rules.ROUTES,  # the Rules page and its workbench (console/rules.py)
     Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
 ]
 
@@ -291,6 +316,7 @@ def make_app(sources: Sources, runwatch: list[str] | None = None, hosts: frozens
     hosts = served_hosts(LOOPBACK, PORTS["console"]) if hosts is None else hosts
     app = Starlette(routes=ROUTES, middleware=[Middleware(SecurityHeaders), Middleware(RequestGuard, hosts=hosts)])
     app.state.console = Console(sources, runwatch)
+    app.state.form = _form  # how console/rules.py takes a form: this module's token and origin checks
     return app
 
 

@@ -22,12 +22,14 @@ from urllib.parse import quote, urlencode
 
 import requests
 
+from runwatch.core.names import WATCH_GRACE_S
 from runwatch.core.paths import Layout
 from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.readouts import dashboard_queries as dq
 from runwatch.readouts.picture import PANELS, PlateData, collect
 
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # a run's folder under the lab's runs/
 RUNS_LOOKBACK_S = 7 * 24 * 3600  # the run picker offers every run started in the last week
 TIMEOUT_S = 5
 
@@ -42,6 +44,9 @@ RANK_FIELDS = {
 }  # fmt: skip
 JOB_FIELDS = ("restarts", "lost", "ettr")
 RANKS_WINDOW_S = 60  # a rank last scraped longer ago than this is not shown
+# A run whose step was last scraped longer ago than this (five 1 s scrape intervals, as
+# TrainerDown counts a target) has stopped: stopped with Ctrl-C it records no end time.
+LIVE_WITHIN_S = 5
 
 
 def _last_value(series: dict) -> float | None:
@@ -90,6 +95,12 @@ class Sources:
         except (requests.RequestException, PromQLError) as err:
             raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
 
+    def runs_lab_first(self, runs: list[str]) -> list[str]:
+        """The picker's runs: the lab's own first (even before Prometheus holds a sample of it),
+        then the others, newest first."""
+        lab = self.lab_run()
+        return runs if lab is None else [lab, *(r for r in runs if r != lab)]
+
     def lab_run(self) -> str | None:
         """The native lab's current run (its lab.json), if the console was given its state dir."""
         if self.state_dir is None:
@@ -111,10 +122,38 @@ class Sources:
         try:
             started, ended = last("runwatch_train_run_start_time_seconds"), last("runwatch_train_run_end_time_seconds")
             info = instant(self.prometheus, f"last_over_time(runwatch_train_run_info{sel}{window})")
+            step = last("runwatch_train_step")
+            # how long Prometheus has gone without a sample of the run, within the last 5 minutes (a
+            # failed scrape or a target gone marks the series stale at once, so not its lookback)
+            unseen = instant(self.prometheus, f"time() - max_over_time(timestamp(runwatch_train_step{sel})[5m:1s])")
         except (requests.RequestException, PromQLError) as err:
             raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
         incident = info[0]["metric"].get("incident", "") if info else ""
-        return {"started": started, "ended": ended, "drill": incident == "hidden", "incident": incident}
+        away = float(unseen[0]["value"][1]) if unseen else None
+        record = self.run_record(run_id)
+        if ended is not None or step is None:
+            paused, stopped = False, False
+        elif record is not None:  # the native lab's: the trainer itself says whether it holds or ended
+            paused, stopped = bool(record.get("paused_since")), record.get("status") != "running"
+        else:  # only Prometheus's view: a held trainer and a stopped one look alike to it
+            paused, stopped = False, away is None or away > LIVE_WITHIN_S
+        return {
+            "started": started, "ended": ended, "drill": incident == "hidden", "incident": incident,
+            "step": None if step is None else int(step), "stopped": stopped, "known": record is not None,
+            "paused_for": away if paused and away is not None and away > WATCH_GRACE_S else None,
+            "unseen": away,
+        }  # fmt: skip
+
+    def run_record(self, run_id: str) -> dict | None:
+        """The native lab's run.json of a run (its trainer's own word on whether it runs, holds
+        for Prometheus, or ended), if the console was given the lab's state dir."""
+        if self.state_dir is None or not RUN_ID.fullmatch(run_id):
+            return None
+        try:
+            record = json.loads((self.state_dir / "runs" / run_id / "run.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
 
     # --- the cluster: each rank now ---
 
@@ -162,6 +201,12 @@ class Sources:
             "drill": info["drill"],
             "started": info["started"],
             "ended": info["ended"],
+            "stopped": info["stopped"],
+            "known": info["known"],
+            "step": info["step"],
+            # the lab's trainer holds its clock while Prometheus has not scraped it (trainer.live)
+            "paused_for": info["paused_for"],
+            "unseen": info["unseen"],
             "panels": {key: aligned(data, key) for key in ("loss", "grad", "throughput")},
             "incident": [] if info["drill"] else data.incident,
             "readouts": data.readouts,
@@ -204,27 +249,16 @@ class Sources:
 
     # --- pages, acks, runbooks ---
 
-    def pages(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's pages, newest first, as the pager stored them."""
+    def incidents(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's incidents as the pager groups them: open ones first, oldest first, each
+        with its pages, state changes and ack."""
         try:
-            resp = requests.get(f"{self.pager}/api/pages", params={"run_id": run_id}, timeout=TIMEOUT_S)
+            resp = requests.get(f"{self.pager}/api/incidents", params={"run_id": run_id}, timeout=TIMEOUT_S)
             resp.raise_for_status()
-            pages = resp.json()["pages"]
+            found = resp.json()["incidents"]
         except (requests.RequestException, ValueError, KeyError) as err:
             raise UnavailableError(f"the pager at {self.pager} did not answer ({type(err).__name__})") from None
-        return [p for p in reversed(pages) if isinstance(p, dict)]
-
-    def unacked(self, run_id: str) -> set[str]:
-        """The run's alerts that fire in Alertmanager with no silence: the ones an ack can take."""
-        params = {"filter": [f'run_id="{run_id}"'], "active": "true", "silenced": "false", "inhibited": "false"}
-        try:
-            resp = requests.get(f"{self.alertmanager}/api/v2/alerts", params=params, timeout=TIMEOUT_S)
-            resp.raise_for_status()
-            return {a["labels"].get("alertname", "") for a in resp.json()}
-        except (requests.RequestException, ValueError, KeyError, TypeError) as err:
-            raise UnavailableError(
-                f"Alertmanager at {self.alertmanager} did not answer ({type(err).__name__})"
-            ) from None
+        return [i for i in found if isinstance(i, dict)]
 
     def runbook(self, alert: str) -> str | None:
         """The runbook's Markdown, as the pager serves it; None if there is none."""

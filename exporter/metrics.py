@@ -45,6 +45,9 @@ EXPECTED_LOSS = "runwatch_train_expected_loss"
 LOSS_SCALE = "runwatch_train_loss_scale"
 SKIPPED_STEPS = "runwatch_train_skipped_steps"  # a counter: runwatch_train_skipped_steps_total
 CHECKPOINT_STEP = "runwatch_train_checkpoint_step"
+# The lab's clock held while Prometheus was away (trainer.live): a counter, so that the
+# console and a learner can see the run waited, and for how long.
+WATCHER_WAIT = "runwatch_train_watcher_wait_seconds"  # a counter: runwatch_train_watcher_wait_seconds_total
 
 HELP = {
     STEP: "The last training step completed by this run.",
@@ -53,8 +56,8 @@ HELP = {
     GRADIENT_NORM: "L2 norm of the last step's full gradient (weights and bias).",
     LEARNING_RATE: "Learning rate applied at the last step.",
     TOKENS: "Tokens processed by this run, counting every completed step.",
-    TOKENS_PER_SECOND: "Tokens per second of the last step, measured from the wall clock around it.",
-    STEP_DURATION: "Wall-clock duration of each training step, in seconds.",
+    TOKENS_PER_SECOND: "Tokens per second of the last step, on the simulated device's clock (not the host's).",
+    STEP_DURATION: "Wall-clock duration of each training step on the host, in seconds, waits for Prometheus excluded.",
     RUN_INFO: "Constant 1, labelled with the run's id, seed and incident (hidden in a drill).",
     RUN_START: "Unix time at which this run started (the dashboards list the newest run first).",
     RUN_END: "Unix time at which this run finished its last step; absent while it runs.",
@@ -66,6 +69,7 @@ HELP = {
     LOSS_SCALE: "Dynamic loss scale of mixed precision used at the last step.",
     SKIPPED_STEPS: "Steps whose update the loss scaler skipped because float16 gradients overflowed.",
     CHECKPOINT_STEP: "Step of the newest checkpoint saved by this run.",
+    WATCHER_WAIT: "Seconds the run held its next step because Prometheus had not scraped it recently.",
 }
 
 # Around the one-second lab step: a 2% jitter stays in the 0.95-1.05 buckets, a slow node
@@ -108,6 +112,7 @@ class TrainerMetrics(Collector):
         self._finished = False
         self._skipped = 0
         self._checkpoint_step: int | None = None
+        self._waited = 0.0
         self._clock = clock
         self._started_at, self._ended_at = clock(), None
         self.registry.register(self)
@@ -140,6 +145,11 @@ class TrainerMetrics(Collector):
             self._finished = True
             self._ended_at = self._clock()
 
+    def waited(self, seconds: float) -> None:
+        """The run held its clock this long for Prometheus (trainer.live's watch)."""
+        with self._lock:
+            self._waited += seconds
+
     def add_tokens(self, tokens: int) -> None:
         """Count tokens processed without publishing a step (the fast-forwarded prefix)."""
         with self._lock:
@@ -150,7 +160,7 @@ class TrainerMetrics(Collector):
             rec, tps, tokens = self._last, self._tokens_per_second, self._tokens
             buckets, duration_sum = list(self._buckets), self._duration_sum
             finished, skipped, checkpoint = self._finished, self._skipped, self._checkpoint_step
-            started_at, ended_at = self._started_at, self._ended_at
+            started_at, ended_at, waited = self._started_at, self._ended_at, self._waited
         run = [self.run_id]
 
         def gauge(name: str, value: float) -> GaugeMetricFamily:
@@ -167,6 +177,9 @@ class TrainerMetrics(Collector):
         counter = CounterMetricFamily(TOKENS, HELP[TOKENS], labels=["run_id"])
         counter.add_metric(run, tokens)
         yield counter
+        wait = CounterMetricFamily(WATCHER_WAIT, HELP[WATCHER_WAIT], labels=["run_id"])
+        wait.add_metric(run, waited)
+        yield wait
         hist = HistogramMetricFamily(STEP_DURATION, HELP[STEP_DURATION], labels=["run_id"])
         cumulative = list(itertools.accumulate(buckets))
         bounds = [str(b) for b in STEP_DURATION_BUCKETS] + ["+Inf"]

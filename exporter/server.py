@@ -31,6 +31,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = self.server.render()
             self._reply(200, CONTENT_TYPE_LATEST, body)
             if self.headers.get("User-Agent", "").startswith("Prometheus/"):
+                self.server.last_scraped = time.monotonic()
                 self.server.scraped.set()
         elif self.path in ("/-/healthy", "/-/ready"):
             self._reply(200, "text/plain", b"OK\n")
@@ -61,8 +62,10 @@ class MetricsServer(ThreadingHTTPServer):
             registry=registry,
         )
         self._lock = threading.Lock()
-        # Set once Prometheus itself (not a curl, not a healthcheck) has scraped /metrics.
+        # Set once Prometheus itself (not a curl, not a healthcheck) has scraped /metrics, and
+        # when it last did (time.monotonic()): the live trainer holds its clock while nobody watches.
         self.scraped = threading.Event()
+        self.last_scraped: float | None = None
         try:
             super().__init__((host, port), _Handler)
         except OSError as err:

@@ -27,10 +27,13 @@ from runwatch.oncall.pager import (
     RUNBOOK_BASE,
     WATCHDOG_SILENT,
     WATCHDOG_TIMEOUT_S,
+    is_page,
     make_server,
+    read_incidents,
     read_pages,
     received_time,
     rfc3339_ms,
+    time_to_ack,
 )
 
 DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
@@ -77,6 +80,12 @@ def format_page(page: dict[str, Any]) -> str:
     '12:00:05  FIRING    TrainingLossJump      run=corrupt_shard-3  step=300'
     """
     clock = printable(str(page.get("received_at", ""))[11:19]) or "--:--:--"
+    if not is_page(page):  # an ack: who took the incident, and what they said
+        return "  ".join([
+            clock, "ACKED".ljust(8), printable(page.get("alert", "")).ljust(20),
+            f"run={printable(page.get('run_id') or '-')}",
+            f"by {printable(page.get('by') or '-')}: {printable(' '.join(str(page.get('comment', '')).split()))}",
+        ])  # fmt: skip
     summary = printable(" ".join(str(page.get("summary", "")).split()))  # one line, whatever the template made
     fields = [
         clock,
@@ -85,10 +94,36 @@ def format_page(page: dict[str, Any]) -> str:
         f"run={printable(page.get('run_id') or '-')}",
         f"step={printable(page.get('step') or '-')}",
         *([summary] if summary else []),
+        *(
+            [f"measured {value:.3g} at resolution"]
+            if isinstance(value := page.get("value_at_resolution"), float)
+            else []
+        ),
         f"runbook: {printable(runbook_path(page))}",
         *([f"rule: {printable(rule)}"] if (rule := rule_text(page)) else []),
     ]
     return "  ".join(fields)
+
+
+def format_incident(incident: dict[str, Any]) -> str:
+    """One incident as one line: its state, alert, run, first page, pages, and its ack.
+
+    >>> format_incident({"state": "triggered", "alert": "HeldOutGap", "run_id": "r", "first_page":
+    ...                  "2024-05-01T12:00:05.000Z", "pages": [{}], "firing": False, "acked_at": ""})
+    'TRIGGERED     HeldOutGap            run=r  first page 12:00:05  1 page(s), its alert resolved  unacknowledged'
+    """
+    ack = "unacknowledged"
+    if incident.get("acked_at"):
+        ack = (
+            f"acked {incident['acked_at'][11:19]} by {incident.get('acked_by') or '-'} "
+            f"({time_to_ack(incident)} s after the first page): {' '.join(str(incident.get('comment')).split())}"
+        )
+    now = "its alert fires" if incident.get("firing") else "its alert resolved"
+    return printable("  ".join([
+        str(incident.get("state", "")).upper().ljust(12), str(incident.get("alert", "")).ljust(20),
+        f"run={incident.get('run_id') or '-'}", f"first page {str(incident.get('first_page', ''))[11:19]}",
+        f"{len(incident.get('pages', []))} page(s), {now}", ack,
+    ]))  # fmt: skip
 
 
 def rule_text(page: dict[str, Any]) -> str:
@@ -249,6 +284,28 @@ def follow(
             return
 
 
+def _incidents_since(log_path: Path, since: float | None) -> list[dict[str, Any]]:
+    return [
+        i for i in read_incidents(log_path)
+        if since is None or (received_time({"received_at": i["first_page"]}) or float("inf")) >= since
+    ]  # fmt: skip
+
+
+def print_incidents(log_path: Path, since: float | None = None) -> None:
+    """`runwatch pager --incidents`: one line per incident, open ones first, oldest first."""
+    for incident in _incidents_since(log_path, since):
+        print(format_incident(incident), flush=True)
+
+
+def say_unacknowledged(log_path: Path, since: float | None = None) -> None:
+    """After the pages, on stderr: the incidents still waiting for an ack, if any."""
+    waiting = [i for i in _incidents_since(log_path, since) if i["state"] == "triggered"]
+    if waiting:
+        names = ", ".join(f"{i['alert']} (run {i['run_id'] or '-'})" for i in waiting)
+        hint = "`runwatch ack ALERT --comment ...`, or see `runwatch pager --incidents`"
+        print(printable(f"runwatch pager: {len(waiting)} incident(s) unacknowledged: {names}; {hint}"), file=sys.stderr)
+
+
 def _interrupt(*_: object) -> NoReturn:
     raise KeyboardInterrupt
 
@@ -275,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to read (default {DEFAULT_LOG})")
     parser.add_argument("--follow", action="store_true", help="keep printing pages as they arrive, like tail -f")
     parser.add_argument("--all", action="store_true", help="also the pages of earlier labs in this state directory")
+    parser.add_argument("--incidents", action="store_true", help="print the incidents (open ones first), not the pages")
     parser.add_argument(
         "--prometheus", default=None, metavar="URL",
         help=f"ask it which alerts fired but never paged (default: the log's lab's, else {PROMETHEUS}; '' not to ask)",
@@ -303,7 +361,12 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how --follow ends
             prometheus = lab_prometheus(args.log) if args.prometheus is None else args.prometheus
             unpaged = Unpaged(args.log, prometheus) if prometheus else None
+            if args.incidents:
+                print_incidents(args.log, since)
+                return 0
             follow(args.log, follow=args.follow, unpaged=unpaged, since=since)
+            if not args.follow:
+                say_unacknowledged(args.log, since)
     except OSError as e:
         print(f"{parser.prog}: --log: cannot read {args.log}: {e.strerror or e}", file=sys.stderr)
         return 2

@@ -11,6 +11,12 @@ seconds (Prometheus, Alertmanager or the route between them is down) becomes a p
 pager's own, `WatchdogSilent`, and a resolution when the heartbeat returns. Nothing else in the
 lab can page about the alerting pipeline itself, because that pipeline is what carries pages.
 
+Incidents, as PagerDuty, Opsgenie and Grafana OnCall keep them: the pages of one alert of one
+run make one incident, which stays open, unacknowledged, whatever its alert does next, until a
+person acknowledges it with a comment (POST /api/ack, appended to the same log as an `ack`
+line, fsynced, kept once by its ack_id) and its alert has resolved. Re-firing joins it.
+The pager groups pages into incidents by alert and run; it never decides whether one fired.
+
 Do not use this to decide whether an alert should fire; that lives in the PromQL rule files.
 Do not point two pager processes at one log: the lock that keeps lines whole is per process.
 
@@ -36,7 +42,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 from urllib.request import ProxyHandler, build_opener
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
@@ -53,6 +59,8 @@ ROUTES = {
     "/-/ready": "GET",
     "/metrics": "GET",
     "/api/pages": "GET",
+    "/api/incidents": "GET",
+    "/api/ack": "POST",
 }
 STATUSES = ("firing", "resolved")
 RUNBOOK_NAME = re.compile(r"[A-Za-z0-9_-]+\.md")  # no slashes, no dots but the suffix: no way out of the folder
@@ -183,6 +191,59 @@ def _read_rules(prometheus: str, timeout: float, found: dict[str, dict[str, Any]
     found.update(read)
 
 
+# A comparison an alert ends in, and the threshold that makes it hold for every value
+ALWAYS_HOLDS = {">": "-Inf", ">=": "-Inf", "<": "+Inf", "<=": "+Inf"}
+
+
+def value_at_resolution(prometheus: str, rule: dict[str, Any] | None, alert: dict[str, Any],
+                        timeout: float = RULES_TIMEOUT_S) -> float | None:  # fmt: skip
+    """What the alert's rule measured when the alert resolved (its endsAt), as Prometheus
+    evaluates it: a resolved notification carries the annotations of the last firing
+    evaluation, so its description quotes a value the run no longer has.
+
+    Only for a rule of the form MEASURE OP scalar(THRESHOLD RULE) (alerts.yml's model alerts):
+    Prometheus parses the expression and names its comparison; the threshold rule's selector is
+    put to the value that makes that comparison hold for every measure, and Prometheus
+    evaluates the result at endsAt. Python compares nothing. None where it cannot say.
+
+        >>> value_at_resolution("http://127.0.0.1:9090", page["rule"], alert)
+        1.62
+    """
+    thresholds = (rule or {}).get("thresholds") or {}
+    expr = str((rule or {}).get("expr", ""))
+    ends = received_time({"received_at": alert.get("endsAt", "")})
+    if not prometheus or len(thresholds) != 1 or ends is None or next(iter(thresholds)) not in expr:
+        return None
+    found: list[float] = []
+    ask = threading.Thread(target=_measure, args=(prometheus, expr, next(iter(thresholds)), ends, alert, found),
+                           daemon=True)  # fmt: skip
+    ask.start()
+    ask.join(timeout)
+    return found[0] if found and not ask.is_alive() else None
+
+
+def _measure(prometheus: str, expr: str, selector: str, at: float, alert: dict[str, Any], found: list) -> None:
+    opener = build_opener(ProxyHandler({}))
+    base = prometheus.rstrip("/")
+    try:
+        with opener.open(f"{base}/api/v1/parse_query?{urlencode({'query': expr})}", timeout=RULES_TIMEOUT_S) as resp:
+            tree = json.loads(resp.read())["data"]
+        fill = (
+            ALWAYS_HOLDS.get(tree.get("op", "")) if tree.get("type") == "binaryExpr" and not tree.get("bool") else None
+        )
+        if fill is None:
+            return
+        query = urlencode({"query": expr.replace(selector, f"vector({fill})"), "time": f"{at:.3f}"})
+        with opener.open(f"{base}/api/v1/query?{query}", timeout=RULES_TIMEOUT_S) as resp:
+            result = json.loads(resp.read())["data"]["result"]
+        labels = alert.get("labels", {})
+        mine = [r for r in result if all(labels.get(k) == v for k, v in r["metric"].items() if k != "__name__")]
+        if len(mine) == 1:
+            found.append(float(mine[0]["value"][1]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
+
+
 def page_record(alert: dict[str, Any], received_at: str, rule: dict[str, str] | None = None) -> dict[str, Any]:
     """Turn one validated alert into the page record stored as one line of the page log.
 
@@ -209,7 +270,106 @@ def page_record(alert: dict[str, Any], received_at: str, rule: dict[str, str] | 
 
 
 def _page_key(page: dict[str, Any]) -> tuple[str, str, str]:
+    if page.get("kind") == "ack":  # an ack is kept once by the id its sender gave it
+        return ("ack", str(page.get("ack_id", "")), "")
     return (page.get("fingerprint", ""), page.get("starts_at", ""), page.get("status", ""))
+
+
+def is_page(entry: dict[str, Any]) -> bool:
+    """Whether a line of the log is a page (the log also holds acks, `"kind": "ack"`)."""
+    return entry.get("kind", "page") == "page"
+
+
+# --- incidents: the pages of one alert of one run, and what people did about them ---
+
+TRIGGERED, ACKNOWLEDGED, RESOLVED = "triggered", "acknowledged", "resolved"
+
+
+def incidents(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group the log's lines (oldest first) into incidents, one per (alert, run): open ones first,
+    oldest first, then the resolved ones, oldest first.
+
+    An incident is "triggered" until acknowledged, "acknowledged" while any of its alert's
+    series still fires, "resolved" once acknowledged and every series has resolved. Its
+    "events" are its state changes, oldest first: each page ("fired"/"resolved") and the ack.
+    An ack of an (alert, run) with no page is not an incident and is left out.
+
+        >>> [i["state"] for i in incidents(read_log(Path(".runwatch/pages.jsonl")))]
+        ['triggered', 'resolved']
+    """
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for entry in entries:
+        key = (str(entry.get("alert", "")), str(entry.get("run_id", "")))
+        if not is_page(entry):
+            incident = found.get(key)
+            if incident is None or entry.get("kind") != "ack" or incident["acked_at"]:
+                continue  # an ack of no incident, or a second one: the first ack is the ack
+            incident.update(acked_at=entry.get("received_at", ""), acked_by=entry.get("by", ""),
+                            comment=entry.get("comment", ""))  # fmt: skip
+            incident["events"].append({"at": entry.get("received_at", ""), "what": "acknowledged",
+                                       "by": entry.get("by", ""), "comment": entry.get("comment", "")})  # fmt: skip
+            continue
+        incident = found.setdefault(key, {
+            "alert": key[0], "run_id": key[1], "severity": entry.get("severity", ""),
+            "opened_at": entry.get("received_at", ""), "first_page": None, "acked_at": "", "acked_by": "",
+            "comment": "", "resolved_at": "", "pages": [], "events": [], "_firing": set(),
+        })  # fmt: skip
+        incident["pages"].append(entry)
+        series = entry.get("fingerprint", "")
+        if entry.get("status") == "firing":
+            incident["_firing"].add(series)
+            if incident["first_page"] is None:
+                incident["first_page"] = entry.get("received_at", "")
+        else:
+            incident["_firing"].discard(series)
+        what = "fired" if entry.get("status") == "firing" else "resolved"
+        incident["events"].append({"at": entry.get("received_at", ""), "what": what, "step": entry.get("step", "")})
+    out = []
+    for incident in found.values():
+        firing = incident.pop("_firing")
+        incident["firing"] = bool(firing)
+        incident["first_page"] = incident["first_page"] or incident["opened_at"]
+        if not incident["acked_at"]:
+            incident["state"] = TRIGGERED
+        elif firing:
+            incident["state"] = ACKNOWLEDGED
+        else:
+            incident["state"] = RESOLVED
+            last = [e["at"] for e in incident["events"] if e["what"] in ("resolved", "acknowledged")]
+            incident["resolved_at"] = max(last) if last else ""
+        out.append(incident)
+    return sorted(out, key=lambda i: (i["state"] == RESOLVED, i["first_page"]))
+
+
+def time_to_ack(incident: dict[str, Any]) -> float | None:
+    """Seconds from an incident's first page to its ack, None while unacknowledged."""
+    first = received_time({"received_at": incident["first_page"]})
+    acked = received_time({"received_at": incident["acked_at"]}) if incident["acked_at"] else None
+    return None if first is None or acked is None else round(acked - first, 1)
+
+
+def ack_record(body: Any, received_at: str) -> dict[str, Any]:
+    """Check a POST /api/ack body and return the ack line to store; raise PayloadError on a bad field.
+
+    >>> body = {"alert": "HeldOutGap", "run_id": "r", "comment": "looking", "by": "ada", "ack_id": "1"}
+    >>> ack_record(body, "2024-05-01T12:00:05.000Z")["kind"]
+    'ack'
+    """
+    if not isinstance(body, dict):
+        raise PayloadError("body", f"must be a JSON object, got {type(body).__name__}")
+    for key in ("alert", "run_id", "comment", "by", "ack_id"):
+        if not isinstance(body.get(key), str):
+            raise PayloadError(key, "is missing" if key not in body else "must be a string")
+    for key in ("alert", "comment", "by", "ack_id"):
+        if not body[key].strip():
+            raise PayloadError(key, "must not be empty" + (": say what you know so far" if key == "comment" else ""))
+    silence = body.get("silence", "")
+    if not isinstance(silence, str):
+        raise PayloadError("silence", "must be a string")
+    return {
+        "kind": "ack", "received_at": received_at, "alert": body["alert"], "run_id": body["run_id"],
+        "comment": body["comment"], "by": body["by"], "ack_id": body["ack_id"], "silence": silence,
+    }  # fmt: skip
 
 
 def _parse_pages(data: bytes, log_path: Path, stderr: TextIO | None) -> list[dict[str, Any]]:
@@ -228,16 +388,30 @@ def _parse_pages(data: bytes, log_path: Path, stderr: TextIO | None) -> list[dic
     return pages
 
 
+def read_log(log_path: Path, stderr: TextIO | None = None) -> list[dict[str, Any]]:
+    """Return every line of the log, pages and acks, oldest first, skipping torn or unreadable lines.
+
+    Pass ``stderr`` to be told which lines were skipped. A missing log has none.
+    """
+    log_path = Path(log_path)
+    return _parse_pages(log_path.read_bytes(), log_path, stderr) if log_path.exists() else []
+
+
 def read_pages(log_path: Path, stderr: TextIO | None = None) -> list[dict[str, Any]]:
-    """Return every page in the log, oldest first, skipping torn or unreadable lines.
+    """Return every page in the log, oldest first, skipping torn or unreadable lines (and acks).
 
     Pass ``stderr`` to be told which lines were skipped. A missing log has no pages.
 
         >>> [p["alert"] for p in read_pages(Path(".runwatch/pages.jsonl"))]
         ['TrainingLossJump']
     """
-    log_path = Path(log_path)
-    return _parse_pages(log_path.read_bytes(), log_path, stderr) if log_path.exists() else []
+    return [p for p in read_log(log_path, stderr) if is_page(p)]
+
+
+def read_incidents(log_path: Path, run_id: str | None = None) -> list[dict[str, Any]]:
+    """The log's incidents (see incidents()), only those of run_id if given."""
+    found = incidents(read_log(log_path))
+    return found if run_id is None else [i for i in found if i["run_id"] == run_id]
 
 
 class PageLog:
@@ -287,6 +461,27 @@ class PageLog:
                 self._append(b"\n" + data if self._needs_newline else data)
                 self.seen |= keys
             return new, len(records) - len(new)
+
+    def acknowledge(self, record: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """Store an ack line if its incident is open and unacknowledged; return (the incident
+        after it, "") or (None, why not). An ack_id already stored returns its incident again,
+        so a retried ack is kept once."""
+        with self._lock:
+            key = (record["alert"], record["run_id"])
+            entries = _parse_pages(self.path.read_bytes(), self.path, None) if self.path.exists() else []
+            if _page_key(record) not in self.seen:
+                found = {(i["alert"], i["run_id"]): i for i in incidents(entries)}.get(key)
+                if found is None:
+                    run = record["run_id"] or "-"
+                    return None, f"{record['alert']} has no incident for run {run}: it has not paged"
+                if found["acked_at"]:
+                    return None, (f"{record['alert']} of run {record['run_id'] or '-'} was already acknowledged "
+                                  f"by {found['acked_by']} at {found['acked_at'][11:19]}")  # fmt: skip
+                data = (json.dumps(record) + "\n").encode()
+                self._append(b"\n" + data if self._needs_newline else data)
+                self.seen.add(_page_key(record))
+                entries.append(record)
+            return {(i["alert"], i["run_id"]): i for i in incidents(entries)}[key], ""
 
     def _append(self, data: bytes) -> None:
         """Append data whole and fsynced, or not at all: on a failed write (a full disk) the log
@@ -699,6 +894,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, self._index())
         elif path == "/api/pages":
             self._pages()
+        elif path == "/api/incidents":
+            self._incidents()
+        elif path == "/api/ack":
+            self._ack()
         elif path == "/-/ready" and (problem := self.server.log.error or self.server.log.writable()) is not None:
             # Not ready while pages cannot be stored: Alertmanager's retries keep them meanwhile.
             self._reply(503, f"Not ready: {problem}\n".encode(errors="backslashreplace"))
@@ -718,6 +917,40 @@ class _Handler(BaseHTTPRequestHandler):
         if run_ids:
             pages = [p for p in pages if p.get("run_id") in run_ids]
         self._json(200, {"pages": pages})
+
+    def _incidents(self) -> None:
+        """GET /api/incidents[?run_id=R]: the incidents, open ones first, oldest first."""
+        run_ids = parse_qs(urlsplit(self.path).query).get("run_id")
+        found = incidents(read_log(self.server.log.path))
+        if run_ids:
+            found = [i for i in found if i["run_id"] in run_ids]
+        self._json(200, {"incidents": found})
+
+    def _ack(self) -> None:
+        """POST /api/ack {alert, run_id, comment, by, ack_id[, silence]}: acknowledge an open incident.
+
+        200 with the incident; 409 if it has not paged or is already acknowledged; 400 on a bad field.
+        """
+        header = self.headers.get("Content-Length", "")
+        length = int(header) if header.strip().isdigit() else -1
+        if length < 0 or length > self.server.max_body:
+            limit = self.server.max_body
+            return self._reject(400, "malformed", "Content-Length", f"must be a byte count up to {limit}")
+        try:
+            try:
+                body = json.loads(self.rfile.read(length))
+            except (ValueError, RecursionError):
+                raise PayloadError("body", "is not a JSON object") from None
+            record = ack_record(body, rfc3339_ms(self.server.clock()))
+        except PayloadError as e:
+            return self._reject(400, "malformed", e.field, str(e).split(": ", 1)[1])
+        try:
+            incident, why = self.server.log.acknowledge(record)
+        except OSError as e:
+            return self._reject(500, "write_failed", "page log", f"cannot append to {self.server.log.path}: {e}")
+        if incident is None:
+            return self._json(409, {"error": why, "field": "alert"})
+        self._json(200, {"incident": incident})
 
     def _index(self) -> bytes:
         """What a browser opening the pager's address reads: its routes and its runbooks."""
@@ -795,6 +1028,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             rules = rules_in_force(self.server.prometheus) if alerts else {}
             records = [page_record(a, rfc3339_ms(now), rules.get(a["labels"].get("alertname", ""))) for a in alerts]
+            for record, a in zip(records, alerts, strict=True):
+                if record["status"] == "resolved" and record["rule"] and _page_key(record) not in self.server.log.seen:
+                    record["value_at_resolution"] = value_at_resolution(self.server.prometheus, record["rule"], a)
         try:
             stored, duplicates = self.server.record_pages(records, now)
         except OSError as e:

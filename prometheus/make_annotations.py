@@ -9,7 +9,7 @@ this is that, for YAML rule files a learner edits by hand. Only three kinds of l
 `runbook_url:` (added under `annotations:` when an alert has none), `step:`, and the step
 lookup inside a description ("At step {{ ... }}"). Prometheus expands each annotation on its
 own, so a description cannot refer to the `step` annotation: the lookup is written into both,
-from STEPS. Line by line, not through a YAML round trip, which would drop the comments that say
+from step_of(). Line by line, not through a YAML round trip, which would drop the comments that say
 why each number is what it is. Idempotent: a second run changes nothing.
 
 Do not use it to change what an alert does: it never touches an expression.
@@ -29,16 +29,34 @@ BASE_URL = "http://127.0.0.1:9095/runbooks"
 RUNBOOK_URL_PATTERN = "{base}/{alertname}.md"
 
 
-def step_lookup(selector: str) -> str:
-    """The template that asks Prometheus for a run's step when the alert fires, as a whole number."""
-    query = f'{{{{ with printf "{selector}" $labels.run_id | query }}}}'
+def step_lookup(*selectors: str, alert: str = "") -> str:
+    """The template that asks Prometheus for a run's step as a whole number: the first of the
+    selectors that has a value, each formatted with the alert's run_id (and, where it takes a
+    second %q, with the alert's name)."""
+    args = " ".join("$labels.run_id" + (f' "{alert}"' if s.count("%q") == 2 else "") for s in selectors)
+    query = f'{{{{ with printf "{" or on() ".join(selectors)}" {args} | query }}}}'
     return query + '{{ . | first | value | printf "%.0f" }}{{ end }}'
 
 
-# The run's step, read at the evaluation the alert fired in. A stalled cluster run serves no
-# training step while its ranks wait, so TrainingStalled reads the furthest rank's step.
-STEP = step_lookup("runwatch_train_step{run_id=%q}")
-STEPS = {"TrainingStalled": step_lookup("max(runwatch_rank_step{run_id=%q})")}
+# The step an alert fired at: its first-fire record (alerts.yml's for the model alerts,
+# cluster.yml's for the cluster's), the very number the readouts show. The record is written
+# last in its group, so at the evaluation the alert first fires it does not hold it yet: then
+# the run's step now, which is what the record reads at that same evaluation. A stalled
+# cluster run serves no training step while its ranks wait, so the ranks' furthest step comes
+# next. Every page of an alert, however late Alertmanager sends it, states this one step.
+# (A template's $labels holds no alertname: the alert's name is written into its lookup.)
+FIRST_FIRED = (
+    "run_alert:runwatch_train_step:first_fired{run_id=%q,alertname=%q}",
+    "run_alert:runwatch_rank_step:first_fired{run_id=%q,alertname=%q}",
+)
+NOW = {"": ("max(runwatch_train_step{run_id=%q})", "max(runwatch_rank_step{run_id=%q})"),
+       "TrainingStalled": ("max(runwatch_rank_step{run_id=%q})",)}  # fmt: skip
+
+
+def step_of(alert: str) -> str:
+    """The step lookup of one alert: its first-fire record, else the run's step now."""
+    return step_lookup(*FIRST_FIRED, *NOW.get(alert, NOW[""]), alert=alert)
+
 
 _ALERT = re.compile(r"^\s*- alert:\s*(?P<name>\S+)\s*$")
 _OTHER_RULE = re.compile(r"^\s*- (?:record|name):")
@@ -71,7 +89,7 @@ def render(text: str, base_url: str = BASE_URL, where: str = "rules") -> str:
         elif _OTHER_RULE.match(body):
             alert = None
         elif alert is not None:
-            step = STEPS.get(alert, STEP)
+            step = step_of(alert)
             if m := _ANNOTATIONS.match(body):
                 annotations_at[alert] = (len(out), m["indent"])
             elif m := _RUNBOOK.match(body):

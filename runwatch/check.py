@@ -7,7 +7,9 @@
     ok    promtool check rules    prometheus/rules/alerts.yml prometheus/rules/baselines.yml
     ok    promtool check config   prometheus/prometheus.yml
     FAIL  promtool test rules     prometheus/tests/alerts.test.yml ...
-          <promtool's own output, naming the file and the failing case>
+          prometheus/tests/alerts.test.yml: HeldOutGap at 1m29s: {...}: annotation step: exp '88', got '89'
+          promtool's output:
+          <promtool's own output, every label of exp and got>
 
 Each binary is named with its version (a Prometheus older than 3 is refused: the rules are written
 for 3.x). Exits 1 if any check fails. It checks files only; `runwatch reload` applies them to a running lab.

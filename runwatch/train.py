@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from runwatch.cluster import launcher as cluster
 from runwatch.core.command import Command, UsageError, check_writable, config_error, number
 from runwatch.core.files import write_atomic
-from runwatch.core.names import LAUNCHER_PORT, LOOPBACK, PORTS, RANK_PORT_BASE
+from runwatch.core.names import LAUNCHER_PORT, LOOPBACK, PORTS, RANK_PORT_BASE, WATCH_GRACE_S
 from runwatch.drill.answer import answer_path, seal_answer
 from runwatch.exporter.metrics import HIDDEN, TrainerMetrics
 from runwatch.exporter.server import MetricsServer, PortInUseError, start
@@ -41,8 +41,9 @@ from runwatch.trainer.config import (
     ConfigError,
     TrainConfig,
     draw_drill,
+    parse_incident,
 )
-from runwatch.trainer.live import RunRecord, run_live, unique_run_id
+from runwatch.trainer.live import RunRecord, run_live, unique_run_id, watch_of
 from runwatch.trainer.offline import simulate, write_openmetrics
 from runwatch.trainer.run import NonFiniteCheckpointError, Trainer
 from runwatch.trainer.sealed import unseal
@@ -54,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     d = TrainConfig()
     p.add_argument(
         "--incident", default=None,
-        help=f"one of {', '.join(INCIDENTS)}, or {RANDOM} for a drill; with --ranks, {', '.join(CLUSTER_INCIDENTS)}",
+        help=f"one of {', '.join(INCIDENTS)}, or {RANDOM} for a drill; with --ranks, {', '.join(CLUSTER_INCIDENTS)}; "
+        "INCIDENT:STRENGTH for a smaller one, e.g. lr_spike:0.1 (strength in (0, 1], 1 the plate's)",
     )  # fmt: skip
     p.add_argument("--seed", type=SEED, default=None,
                    help=f"seeds batches, held-out set, jitter (default {d.seed}; a drill draws its own)")  # fmt: skip
@@ -81,7 +83,13 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     )  # fmt: skip
     p.add_argument(
         "--wait-for-prometheus", action="store_true",
-        help="hold the first live step until Prometheus has scraped /metrics (a lab whose Prometheus may start late)",
+        help="the lab's clock waits for its watcher: the first live step until Prometheus has scraped /metrics, "
+        f"and every later one while it has not for {WATCH_GRACE_S:g} s (as the lab runs it)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prometheus", default=None, metavar="URL",
+        help="with --wait-for-prometheus: the incident's onset waits until this Prometheus records the alerts' "
+        "baselines for the run",
     )  # fmt: skip
     p.add_argument("--precision", choices=("fp64", "fp16"), default="fp64", help="fp16: mixed precision, loss scaling")
     p.add_argument(
@@ -136,7 +144,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
     """(the true config, the one that may be shown); they differ only in a drill."""
     drill = args.incident == RANDOM
     onset = args.onset
-    incident = args.incident or "none"
+    incident, strength = "none", 1.0
+    if args.incident is not None and not drill:
+        incident, strength = incident_of(args.incident)
     if args.sealed_answer is not None and not drill:
         raise UsageError("--sealed-answer: only with --incident random")
     if args.seed is not None and drill:
@@ -155,6 +165,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
     seed = answer.get("seed", TrainConfig.seed) if drill else TrainConfig.seed if args.seed is None else args.seed
     cfg = TrainConfig(
         incident=incident,
+        strength=strength,
         seed=seed,
         steps=args.steps,
         onset=TrainConfig.onset if onset is None else onset,
@@ -172,7 +183,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
     except ConfigError as err:
         if err.field == "onset" and 0 <= cfg.onset:
             raise UsageError(f"--steps: must be greater than --onset ({cfg.onset}), got {cfg.steps}") from None
-        raise config_error(err) from None
+        raise incident_error(err) from None
     public = hidden(cfg) if drill else cfg
     return cfg, public
 
@@ -180,6 +191,19 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
 def hidden(cfg: TrainConfig) -> TrainConfig:
     """What a drill's run may show of its config (run.json): not its incident, onset or seed."""
     return dataclasses.replace(cfg, incident=HIDDEN, onset=-1, seed=-1)
+
+
+def incident_of(text: str) -> tuple[str, float]:
+    """--incident's INCIDENT or INCIDENT:STRENGTH, or a UsageError naming it."""
+    try:
+        return parse_incident(text)
+    except ConfigError as err:
+        raise UsageError(f"--incident: {err.problem}") from None
+
+
+def incident_error(err: ConfigError) -> UsageError:
+    """A config's error as the flag that sets the field; a strength's is --incident's."""
+    return UsageError(f"--incident: {err.problem}") if err.field == "strength" else config_error(err)
 
 
 def read_sealed_answer(path: Path) -> dict:
@@ -230,14 +254,16 @@ def resume(args: argparse.Namespace) -> Trainer:
         raise UsageError(f"--resume: {args.resume} is not a runwatch checkpoint ({err})") from None
     if trainer.cfg.ranks > 1 or args.ranks > 1:
         raise UsageError("--resume: a run over several ranks cannot be resumed yet")
-    changes = {k: v for k, v in (("lr", args.lr), ("incident", args.incident)) if v is not None}
+    changes: dict = {k: v for k, v in (("lr", args.lr), ("incident", args.incident)) if v is not None}
     if changes.get("incident") == RANDOM:
         raise UsageError("--incident: a resumed run cannot become a drill")
+    if "incident" in changes:
+        changes["incident"], changes["strength"] = incident_of(changes["incident"])
     if changes:
         try:
             trainer = trainer.retarget(dataclasses.replace(trainer.cfg, **changes))
         except ConfigError as err:
-            raise config_error(err) from None
+            raise incident_error(err) from None
     return trainer
 
 
@@ -287,8 +313,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"run {cfg.label}: resumed from {args.resume} at step {resumed.next_step}", flush=True)
     status = run_live(
         cfg, metrics, RunRecord(run_dir / "run.json", cfg, public), args.fast_forward, stop,
-        trainer=resumed, checkpoints=run_dir / "checkpoints",
-        scraped=server.scraped if args.wait_for_prometheus else None,
+        trainer=resumed, checkpoints=run_dir / "checkpoints", watch=watch_of(args, cfg.label, [server]),
+        onset_moved=(lambda moved: seal_answer(answer_path(run_dir), moved)) if cfg.drill else None,
     )  # fmt: skip
     print(f"run {cfg.label}: {status}", flush=True)
     # A finished run keeps serving its last values, so Prometheus does not see the target die.

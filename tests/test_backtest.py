@@ -77,7 +77,7 @@ def test_json_shape(three_seeds):
     runs = three_seeds["doc"]["runs"]
     assert len(runs) == 15
     for r in runs:
-        assert set(r) == {"incident", "seed", "run_id", "first_fire"}
+        assert set(r) == {"incident", "seed", "run_id", "strength", "seconds", "first_fire", "began"}
         assert all(v is None or type(v) is int for v in r["first_fire"].values())
 
 

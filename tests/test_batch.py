@@ -12,7 +12,7 @@ from runwatch.trainer import model
 from runwatch.trainer.batch import log_softmax_by_class, train_columns, train_many
 from runwatch.trainer.config import INCIDENTS, MAX_SEED, TrainConfig
 from runwatch.trainer.offline import OfflineRun, write_openmetrics
-from runwatch.trainer.run import Trainer
+from runwatch.trainer.run import Trainer, corrupt_labels
 
 
 def same_records(a, b) -> list[str]:
@@ -37,6 +37,52 @@ def test_every_lane_is_the_one_run_trainer_bit_for_bit():
     configs = [TrainConfig(seed=s, incident=i) for s in SEEDS for i in INCIDENTS]
     for cfg, records in zip(configs, train_many(configs), strict=True):
         assert same_records(Trainer(cfg).run(), records) == [], cfg.label
+
+
+# The weakest strength a backtest draws and one between, on every incident that has one, beside
+# the plate's: several strengths of one incident and seed in one batch, as --strengths trains them.
+STRENGTHS = (0.05, 0.37, 1.0)
+
+
+def test_every_strength_is_the_one_run_trainer_bit_for_bit():
+    configs = [TrainConfig(seed=137, incident=i, strength=x) for i in INCIDENTS if i != "none"
+               for x in STRENGTHS] + [TrainConfig(seed=137)]  # fmt: skip
+    for cfg, records in zip(configs, train_many(configs), strict=True):
+        assert same_records(Trainer(cfg).run(), records) == [], cfg.label
+
+
+def test_a_strength_makes_a_smaller_incident_on_its_scale():
+    full, tenth = (Trainer(TrainConfig(incident="lr_spike", strength=x)).run() for x in (1.0, 0.1))
+    assert full[300].lr == 0.1 * 150 and tenth[300].lr == pytest.approx(0.1 * 150**0.1)
+    repeated = Trainer(TrainConfig(incident="repeated_batch", strength=0.25)).run()
+    assert sum(r.incident_active for r in repeated) == 15
+    slow = Trainer(TrainConfig(incident="slow_node", strength=0.27, jitter_sigma=0.0)).run()
+    assert slow[400].duration_seconds == pytest.approx(1 / (1 - 0.27 * 0.3))
+    # a fifth of a shard's labels shuffled: the batch differs from the clean one in at most 13 of 64
+    cfg = TrainConfig(incident="corrupt_shard", strength=0.2)
+    y = np.arange(64) % 10
+    changed = corrupt_labels(cfg, 300, y) != y
+    assert 0 < changed.sum() <= 13 and sorted(corrupt_labels(cfg, 300, y)) == sorted(y)
+
+
+@pytest.mark.integration
+# one of them through the command line: the lanes' arithmetic is checked at every strength above,
+# and the writer reads a weaker lane as any other
+@pytest.mark.parametrize("incident", ["repeated_batch:0.3"])
+def test_a_weaker_lane_writes_the_file_runwatch_train_offline_writes(tmp_path, incident):
+    name, strength = incident.split(":")
+    cfg = TrainConfig(seed=137, incident=name, strength=float(strength))
+    out = tmp_path / "run.om"
+    proc = subprocess.run(
+        [sys.executable, "-m", "runwatch", "train", "--offline", "--out", str(out), "--seed", "137",
+         "--incident", incident], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lanes = train_columns([TrainConfig(seed=137), cfg, dataclasses.replace(cfg, strength=1.0)])
+    buffer = io.StringIO()
+    write_openmetrics([OfflineRun(cfg, lanes[1])], buffer)
+    assert buffer.getvalue() == out.read_text()
+    assert f'run_id="{name}:{strength}-137"' in buffer.getvalue()
 
 
 @pytest.mark.integration
@@ -69,7 +115,7 @@ def test_the_order_of_the_configs_is_kept():
 
 
 def test_configs_that_differ_in_more_than_seed_and_incident_are_refused():
-    with pytest.raises(ValueError, match="only in seed and incident"):
+    with pytest.raises(ValueError, match="only in seed, incident and strength"):
         train_many([TrainConfig(seed=1), TrainConfig(seed=2, lr=0.2)])
     assert train_many([]) == []
 

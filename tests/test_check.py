@@ -70,6 +70,24 @@ def test_a_threshold_edit_that_breaks_a_unit_test_is_reported(copy):
     assert "FAIL  promtool test rules" in res.stdout and "GradientNormJump" in res.stdout
 
 
+def test_a_failing_unit_test_comes_first_as_its_file_alert_time_and_exact_difference(copy):
+    """The learner is told which case to change: the first line under the FAIL names the test
+    file, the alert, the time and what differs, and no SUCCESS line comes before it. The labels
+    of `got`, though repeated from `exp`, are all shown in promtool's output below."""
+    tests = copy / "prometheus" / "tests" / "cluster.test.yml"
+    edit(tests, 'step: "140"', 'step: "141"', 1)
+    res = check(copy)
+    assert res.returncode == 1
+    lines = res.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("FAIL  promtool test rules"))
+    assert lines[at + 1].strip() == (
+        'prometheus/tests/cluster.test.yml: RankDown at 40s: {alertname="RankDown", instance="r1", job="ranks", '
+        'node="node0", rank="1", run_id="x", severity="critical"}: annotation step: exp \'141\', got \'140\''
+    )
+    assert "SUCCESS" not in res.stdout
+    assert res.stdout.count('Labels:{alertname="RankDown", instance="r1"') == 2  # exp and got, both shown
+
+
 def test_broken_alertmanager_config_is_amtools_message(copy):
     am = copy / "alertmanager" / "alertmanager.yml"
     edit(am, "receiver: oncall-ticket", "receiver: nobody", 1)

@@ -47,6 +47,8 @@ def one_line(res, code: int, *words: str) -> None:
      (["drill", "--ranks", "17", "--state-dir", "state"], "--ranks"),
      (["diagnose", "hang", "--rank", "-1", "--state-dir", "state"], "--rank"),
      (["up", "--incident", "straggler", "--state-dir", "state"], "--incident"),
+     (["up", "--incident", "lr_spike:3", "--state-dir", "state"], "--incident"),
+     (["up", "--incident", "hang:0.5", "--state-dir", "state"], "--incident"),
      (["train", "--rank-port-base", "70000"], "--rank-port-base"),
      (["train", "--step-seconds", "0", "--offline", "--out", "x.om"], "--step-seconds"),
      (["plate", "--since", "1e300"], "--since")],

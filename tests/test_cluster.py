@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import psutil
@@ -18,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runwatch.cluster.launcher import write_targets
 from runwatch.core.command import UsageError
 from runwatch.core.paths import REPO
-from runwatch.prom.server import Process, free_port, instant, prometheus_argv
+from runwatch.prom.server import Process, free_port, free_ports_in_a_row, instant, prometheus_argv
 from runwatch.trainer import model, parallel
 from runwatch.trainer.config import INCIDENTS, ConfigError, TrainConfig
 from runwatch.trainer.faults import fault_of
@@ -421,3 +422,54 @@ def test_the_launcher_writes_prometheus_s_targets_for_compose(tmp_path):
     assert [json.loads((tmp_path / "t" / f).read_text()) for f in ("ranks.json", "launcher.json")] == [[], []]
     with pytest.raises(UsageError, match="^--targets-dir: the targets need fixed ports"):
         write_targets(argparse.Namespace(**{**vars(args), "rank_port_base": 0}), TrainConfig(ranks=2, run_id="rk"))
+
+
+@pytest.mark.integration
+def test_watched_ranks_hold_together_while_prometheus_is_away_and_a_hang_still_hangs(tmp_path):
+    """Two ranks whose clock waits for Prometheus (as the lab runs them). Prometheus stopped
+    (SIGSTOP) for longer than the ranks' watchdog: every rank holds at the same step, outside
+    any exchange, so no watchdog fires; scraped again, they go on together. Rank 1 of seed 2
+    then hangs before step 72's exchange as it does unwatched: the watchdog ends the job and the
+    launcher restarts it, whose ranks wait for Prometheus's scrapes again and complete the run."""
+    assert (fault_of(TrainConfig(ranks=2, incident="hang", seed=2, onset=50)).step, 1) == (72, 1)
+    job, launcher, base = free_port(), free_port(), free_ports_in_a_row(2)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "train", "--port", str(job), "--rank-port-base", str(base),
+         "--launcher-port", str(launcher), "--run-id", "rk", "--run-dir", str(tmp_path / "run"), "--ranks", "2",
+         "--incident", "hang", "--seed", "2", "--onset", "50", "--steps", "100", "--step-seconds", "0.1",
+         "--watchdog-seconds", "6", "--restart-seconds", "1", "--hold", "30", "--wait-for-prometheus"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: list[str] = []
+    records = [tmp_path / "run" / "run.json", tmp_path / "run" / "rank-1.json"]
+    port = free_port()
+    jobs = {"ranks": [f"127.0.0.1:{base + r}" for r in (0, 1)], "trainer": [f"127.0.0.1:{job}"]}
+    (tmp_path / "prometheus.yml").write_text(json.dumps({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": n, "static_configs": [{"targets": t}]} for n, t in jobs.items()],
+    }))  # fmt: skip
+    argv = prometheus_argv(need("prometheus"), tmp_path / "prometheus.yml", tmp_path / "data", port)
+    try:
+        with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / "prometheus.log") as prom:
+            read_until(proc, "step   10 |", seen)  # rank 0's log: the ranks train, watched
+            prom.proc.send_signal(signal.SIGSTOP)
+            try:
+                wait_for(
+                    lambda: all(json.loads(r.read_text()).get("paused_since") for r in records), 10, "both to hold"
+                )
+                held = [json.loads(r.read_text())["last_step"] for r in records]
+                assert held[0] == held[1] and held[0] < 72, held  # together, before the hang's step
+                time.sleep(6 + 2)  # past the watchdog's 6 s: a held rank is in no exchange
+                assert [json.loads(r.read_text())["last_step"] for r in records] == held
+            finally:
+                prom.proc.send_signal(signal.SIGCONT)
+            read_until(proc, "run rk: completed", seen)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    out = "".join(seen)
+    assert re.search(rf"paused after step {held[0]}: Prometheus has not scraped for \d+ s", out), out
+    assert f"resumed after step {held[0]}" in out
+    # The hang, as unwatched: the watchdog fires in the exchange of step 72, never while the ranks held.
+    assert out.count("watchdog: collective") == 1 and "watchdog: collective 73 did not complete in 6 s" in out
+    assert "restarting from the checkpoint of step 49" in out

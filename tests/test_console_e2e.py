@@ -2,7 +2,8 @@
 worker's shared lab: `runwatch up` serves it (on the lab's own port; 9096 by default).
 
 The curves appear and follow the run, a page shows within 3 s of the pager storing it, HTML in a
-page is shown as text, the runbook renders, and Ack creates the silence in Alertmanager.
+page is shown as text, the runbook renders, Ack creates the silence in Alertmanager, and an
+incident whose alert resolved while the learner read its runbook stays open and takes the ack.
 Diagnosing a drill in the browser is in test_drill_e2e.py (a drill is a lab of its own).
 """
 
@@ -11,11 +12,14 @@ from __future__ import annotations
 import time
 
 import requests
+import yaml
 
-from runwatch.oncall.pager import read_pages
+from runwatch.core.paths import REPO
+from runwatch.oncall.pager import read_incidents, read_pages, received_time, time_to_ack
 from runwatch.prom.server import instant
+from runwatch.trainer.config import TrainConfig
 from tests.conftest import wait_for
-from tests.test_lab_e2e import NEAR_ONSET, ExtraTrainer
+from tests.test_lab_e2e import NEAR_ONSET, ExtraTrainer, firing_in_prometheus
 
 REFRESH_S = 1.0  # console.js polls the plate and the pages every second
 
@@ -25,26 +29,33 @@ def chart_points(tab, key: str) -> int:
 
 
 def test_ack_in_the_browser_creates_the_silence_in_alertmanager(lab, tab):
-    """A corrupt shard of its own beside the lab's run, acked as it pages: its TrainingLossJump
-    fires for about 13 s after its page (its 30-step baseline takes that long to absorb the
-    shuffled labels' loss), while GradientNormJump may resolve within 3 s."""
-    alert = "TrainingLossJump"
+    """A corrupt shard of its own beside the lab's run. Its TrainingLossJump fires for about 13 s
+    after its page (its 30-step baseline takes that long to absorb the shuffled labels' loss):
+    acked as it pages, the ack makes the silence. Its GradientNormJump may resolve within 3 s:
+    the learner reads that runbook for longer than the alert fires, and acks the incident then
+    (test_a_learner_reads_the_runbook_longer_than_the_alert_fires_then_acks)."""
     extra = ExtraTrainer(lab, "console-ack", *NEAR_ONSET)
     try:
-        acked(lab, tab, alert, extra.run_id)
+        acked(lab, tab, "TrainingLossJump", extra.run_id)
+        read_past_the_alert_then_acked(lab, tab, "GradientNormJump", extra.run_id)
     finally:
         extra.close()
+
+
+def incident(alert: str) -> str:
+    return f'li.incident[data-alert="{alert}"]'
 
 
 def acked(lab, tab, alert: str, run_id: str) -> None:
     am = lab.url("alertmanager")
     tab.goto(f"{lab.url('console')}/?run={run_id}")
-    button = tab.wait_for_selector(f'li.page[data-alert="{alert}"] button.ack', timeout=90_000)
+    button = tab.wait_for_selector(f"{incident(alert)} button.ack", timeout=90_000)
     button.click()
     assert tab.input_value("#ack-alert") == alert
     tab.fill("#ack-comment", "loss 20x and gradient norm 5x at once: bad data?")
     tab.click("#ack-submit")
-    assert f"acknowledged {alert} for run {run_id}" in tab.wait_for_selector("#notice").inner_text()
+    notice = tab.wait_for_selector("#notice").inner_text()
+    assert f"acknowledged {alert} for run {run_id}" in notice and "; silence " in notice, notice
     silences = [
         s for s in requests.get(f"{am}/api/v2/silences", timeout=5).json()
         if {"name": "run_id", "value": run_id, "isRegex": False, "isEqual": True} in s["matchers"]
@@ -52,8 +63,47 @@ def acked(lab, tab, alert: str, run_id: str) -> None:
     assert len(silences) == 1 and silences[0]["status"]["state"] == "active"
     assert silences[0]["comment"] == "loss 20x and gradient norm 5x at once: bad data?"
     assert {"name": "alertname", "value": alert, "isRegex": False, "isEqual": True} in silences[0]["matchers"]
-    # The page no longer offers an ack: Alertmanager holds it silenced.
-    tab.wait_for_selector(f'li.page[data-alert="{alert}"] button.ack', state="detached", timeout=5000)
+    # The incident no longer offers an ack, and shows who took it and what they said.
+    tab.wait_for_selector(f"{incident(alert)} button.ack", state="detached", timeout=5000)
+    row = tab.wait_for_selector(f"{incident(alert)}:not([data-state=triggered])", timeout=5000)
+    assert "loss 20x and gradient norm 5x at once: bad data?" in row.query_selector(".ack-record").inner_text()
+
+
+def resolved_within_s() -> float:
+    """How long after its first page a corrupt shard's alert has resolved and its resolution
+    reached the pager, from the configuration: the shard's steps (one a second), the longest
+    window of the model alerts' expressions (TrainingLossJump's 5-step mean), one scrape and one
+    evaluation (1 s each), and Alertmanager's group_interval, which sends the resolution."""
+    group_interval = yaml.safe_load((REPO / "alertmanager" / "alertmanager.yml").read_text())["route"]["group_interval"]
+    return TrainConfig().corrupt_steps + 5 + 1 + 1 + float(group_interval.rstrip("s"))
+
+
+def read_past_the_alert_then_acked(lab, tab, alert: str, run_id: str) -> None:
+    """The learner opens the runbook and reads on until the alert has resolved: its incident stays
+    open, unacknowledged, and takes the ack (with no silence: nothing fires to silence)."""
+    tab.click(f"{incident(alert)} button.show-runbook")
+    tab.wait_for_selector(f'#runbook article[data-alert="{alert}"]')
+    resolution = (alert, run_id, "resolved")
+    wait_for(
+        lambda: [p for p in read_pages(lab.page_log) if (p["alert"], p["run_id"], p["status"]) == resolution],
+        resolved_within_s(), f"{alert}'s resolution",
+    )  # fmt: skip
+    row = tab.wait_for_selector(f"{incident(alert)} li.page.resolved", timeout=(REFRESH_S + 2) * 1000)
+    assert row.query_selector(".value-at-resolution") is not None  # what its rule measured then, not the firing value
+    assert not firing_in_prometheus(lab, alert, run_id)
+    row = tab.query_selector(incident(alert))
+    assert row.get_attribute("data-state") == "triggered" and "its alert resolved" in row.inner_text()
+    row.query_selector("button.ack").click()
+    assert tab.input_value("#ack-alert") == alert
+    tab.fill("#ack-comment", "read the runbook: shuffled labels, the norm spiked with the loss")
+    tab.click("#ack-submit")
+    notice = tab.wait_for_selector("#notice").inner_text()
+    assert f"acknowledged {alert} for run {run_id}: incident resolved" in notice and "no silence" in notice
+    row = tab.wait_for_selector(f'{incident(alert)}[data-state="resolved"]', timeout=(REFRESH_S + 2) * 1000)
+    assert "read the runbook: shuffled labels" in row.inner_text()
+    [found] = [i for i in read_incidents(lab.page_log, run_id) if i["alert"] == alert]
+    resolved_at = max(received_time(p) for p in found["pages"] if p["status"] == "resolved")
+    assert time_to_ack(found) > resolved_at - received_time({"received_at": found["first_page"]})
 
 
 def test_the_plate_appears_and_follows_the_run(lab, tab):
@@ -109,7 +159,7 @@ def test_a_page_shows_within_3s_of_the_pager_storing_it_and_its_html_as_text(lab
 def test_a_runbook_renders_beside_the_pages(lab, tab):
     wait_for(lambda: [p for p in read_pages(lab.page_log) if p["run_id"] == lab.run_id], 90, "the incident's page")
     tab.goto(f"{lab.url('console')}/?run={lab.run_id}")
-    tab.click('li.page[data-alert="GradientNormJump"] button.show-runbook')
+    tab.click('li.incident[data-alert="GradientNormJump"] button.show-runbook')
     article = tab.wait_for_selector('#runbook article[data-alert="GradientNormJump"]')
     assert article.query_selector("h1").inner_text() == "GradientNormJump"
     assert article.query_selector("pre code") is not None  # its PromQL, as code

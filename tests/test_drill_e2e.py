@@ -96,8 +96,8 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
             if p["status"] == "firing" and p["run_id"] == run_id and p["alert"] != FORGED["alertname"]
         ]  # fmt: skip
 
-    # Acked at once: TrainingLossJump fires for only about 10 s after its page (GradientNormJump,
-    # which may page first, may resolve within 3 s), and `ack` acks only a firing alert.
+    # Acked at once, while TrainingLossJump fires (for about 10 s after its page): the ack makes
+    # its silence too. (An incident whose alert has resolved is acked in test_console_e2e.py.)
     page = wait_for(lambda: [p for p in paged() if p["alert"] == "TrainingLossJump"], 60, "the loss's page")[0]
     res = runwatch("ack", page["alert"], "--comment", "loss x30 and gradients x5 at once", "--state-dir", str(state),
                    cwd=tmp_path)  # fmt: skip
@@ -108,8 +108,12 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
         with np.load(checkpoint) as saved:
             assert not any(name in str(saved[key]) for key in saved.files for name in INCIDENT_NAMES)
     assert not any(name in json.dumps(p) for p in paged() for name in INCIDENT_NAMES)  # the page text hides it too
-    res = runwatch("ack", "ThroughputDrop", "--state-dir", str(state), cwd=tmp_path)
-    assert res.returncode == 2 and "not firing" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = runwatch("ack", "ThroughputDrop", "--comment", "slow?", "--state-dir", str(state), cwd=tmp_path)
+    assert res.returncode == 2 and "has no incident" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = runwatch("ack", page["alert"], "--state-dir", str(state), cwd=tmp_path)  # an ack says what you know
+    assert res.returncode == 2 and res.stderr.startswith("runwatch ack: --comment:"), res.stderr
+    res = runwatch("ack", page["alert"], "--comment", "again", "--state-dir", str(state), cwd=tmp_path)
+    assert res.returncode == 2 and "already acknowledged" in res.stderr
     silences = requests.get(f"{am}/api/v2/silences", timeout=5).json()
     (silence,) = [s for s in silences if s["status"]["state"] == "active"]
     assert silence["comment"] == "loss x30 and gradients x5 at once"
@@ -208,14 +212,17 @@ def test_a_healthy_drill_diagnosed_in_the_console_is_graded_and_written_up(tmp_p
         "a drill" in tab.inner_text("#run-state")
         and tab.evaluate("() => window.runwatchConsole.state.plate.incident") == []
     )
+    # The form makes the learner choose (no default answer) among the one-rank incidents only
+    assert tab.input_value("#diagnose-incident") == ""
+    offered = tab.eval_on_selector_all("#diagnose-incident option", "os => os.map(o => o.value)")
+    assert "none" in offered and "straggler" not in offered and "hang" not in offered
     tab.select_option("#diagnose-incident", "none")
     tab.click("#diagnose-submit")
     notice = tab.wait_for_selector("#notice").inner_text()
     assert notice.startswith("CORRECT: you said none; it was none.") and "scoreboard: 1/1" in notice
     assert tab.query_selector("#diagnose-form") is None  # once: the form is gone
     assert "none" in tab.inner_text("#diagnosed")
-    tab.click("#postmortem-submit")
-    tab.wait_for_selector("#postmortem-link").click()
+    tab.click("#postmortem-submit")  # writes it, and shows it
     tab.wait_for_selector("article.postmortem h2")
     headings = [h.inner_text() for h in tab.query_selector_all("article.postmortem h2")]
     assert "Timeline" in headings and "Action items" in headings

@@ -91,6 +91,7 @@ def test_golden_metrics():
         )  # fmt: skip
         metrics.observe(rec, 65536.0)
     metrics.checkpoint(249)
+    metrics.waited(31.0)  # held its clock 31 s for Prometheus (trainer.live)
     srv = start(metrics.registry, free_port())
     try:
         text = normalise(scrape(f"http://127.0.0.1:{srv.server_address[1]}/metrics"))

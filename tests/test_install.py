@@ -46,7 +46,16 @@ def test_a_wheel_in_a_fresh_venv_checks_and_backtests_from_outside_the_checkout(
     with zipfile.ZipFile(wheel) as zf:
         tops = {name.split("/")[0] for name in zf.namelist() if not name.split("/")[0].endswith(".dist-info")}
         assert tops == {"runwatch"}, tops
-        for part in ("trainer/run.py", "exporter/metrics.py", "oncall/pager.py", "console/app.py", "core/names.py"):
+        for part in (
+            "trainer/run.py",
+            "exporter/metrics.py",
+            "oncall/pager.py",
+            "console/app.py",
+            "core/names.py",
+            "watch.py",
+            "callbacks/transformers.py",
+            "callbacks/lightning.py",
+        ):
             assert f"runwatch/{part}" in zf.namelist(), part
     res = run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
     assert res.returncode == 0, res.stderr

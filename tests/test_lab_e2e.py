@@ -139,7 +139,8 @@ def test_corrupt_shard_pages_loss_and_gradient_norm_at_the_onset(lab):
 
 
 def test_killed_trainer_pages_trainer_down_within_15s(lab):
-    extra = ExtraTrainer(lab, "killed")
+    # watched, as the lab's own trainer is: a trainer that waits for Prometheus still dies loudly
+    extra = ExtraTrainer(lab, "killed", "--wait-for-prometheus", "--prometheus", lab.url("prometheus"))
     instance = f"127.0.0.1:{extra.port}"
     extra.proc.kill()
     extra.proc.wait()

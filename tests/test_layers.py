@@ -30,6 +30,8 @@ LAYERS = [
     ("runwatch.core",),
     ("runwatch.trainer.record", "runwatch.prom"),
     ("runwatch.exporter",),
+    ("runwatch.watch",),  # the client a user's own training loop imports: the exporter's names, no trainer
+    ("runwatch.callbacks",),  # transformers' and Lightning's adapters over it
     ("runwatch.trainer",),
     ("runwatch.drill.answer", "runwatch.readouts", "runwatch.oncall"),
     ("runwatch.cluster", "runwatch.backtest", "runwatch.console"),
@@ -199,14 +201,14 @@ def test_the_pager_stands_alone():
 
 
 # What the console may use of the house: the command-line conventions, the lab's names and where
-# a lab of a state directory listens, the
+# a lab of a state directory listens, atomic writes (the Rules page writes the learner's rule file), the
 # incidents a diagnosis may name, and the dashboards' queries with the plate that runs them (one
 # copy of the PromQL). Not the lab, the drill or the command line: it acts through `runwatch ack`
 # and `runwatch diagnose`.
 CONSOLE_USES = {
     "runwatch.core.command", "runwatch.core.names", "runwatch.core.paths", "runwatch.core.addresses",
     "runwatch.readouts.dashboard_queries", "runwatch.readouts.picture", "runwatch.prom.server",
-    "runwatch.trainer.config",
+    "runwatch.trainer.config", "runwatch.core.files",
 }  # fmt: skip
 
 

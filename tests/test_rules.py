@@ -123,3 +123,14 @@ def test_an_edited_threshold_breaks_the_plates_signature(tmp_path, old, new, fai
     res = promtool("test", "rules", "prometheus/tests/incidents.test.yml", cwd=tmp_path)
     assert res.returncode != 0
     assert failing in res.stdout + res.stderr
+
+
+def test_the_watcher_s_grace_is_counted_in_prometheus_s_scrape_intervals():
+    """The live trainer's grace (trainer.live) and the console's "paused" are in scrape
+    intervals of prometheus.yml: the constant Python holds is that file's."""
+    from runwatch.backtest.backtest import duration_seconds
+    from runwatch.core.names import SCRAPE_INTERVAL_S, WATCH_GRACE_S
+
+    config = yaml.safe_load((REPO / "prometheus" / "prometheus.yml").read_text())
+    assert duration_seconds(config["global"]["scrape_interval"]) == SCRAPE_INTERVAL_S
+    assert WATCH_GRACE_S == 3 * SCRAPE_INTERVAL_S

@@ -45,6 +45,12 @@ def assert_usage_error(res: subprocess.CompletedProcess, flag: str) -> None:
         (["--lr", "-0.1"], "--lr"),
         (["--seed", "x"], "--seed"),
         (["--fast-forward", "-1"], "--fast-forward"),
+        (["--incident", "lr_spike:0"], "--incident"),
+        (["--incident", "lr_spike:1.5"], "--incident"),
+        (["--incident", "lr_spike:nan"], "--incident"),
+        (["--incident", "lr_spike:big"], "--incident"),
+        (["--incident", "none:0.5"], "--incident"),
+        (["--incident", "meteor:0.5"], "--incident"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_flag(tmp_path, args, flag):

@@ -46,7 +46,8 @@ from runwatch.trainer.run import (
 
 
 def train_many(configs: list[TrainConfig]) -> list[list[StepRecord]]:
-    """Every config's whole run, in order. The configs may differ only in seed and incident."""
+    """Every config's whole run, in order. The configs may differ only in seed and incident (and
+    its strength)."""
     return [run.records() for run in train_columns(configs)]
 
 
@@ -55,11 +56,11 @@ def train_columns(configs: list[TrainConfig]) -> list[Columns]:
     made into records, one per step, for the offline writer only to take them apart again."""
     if not configs:
         return []
-    base = dataclasses.replace(configs[0], seed=0, incident="none")
+    base = _healthy(configs[0], seed=0)
     for cfg in configs:
         cfg.validate()
-        if dataclasses.replace(cfg, seed=0, incident="none") != base:
-            raise ValueError("train_many: the configs may differ only in seed and incident")
+        if _healthy(cfg, seed=0) != base:
+            raise ValueError("train_many: the configs may differ only in seed, incident and strength")
     if base.precision == "fp16" or base.ranks > 1:  # the loss scaler branches per run; ranks split the batch
         return [Columns.of(records) for records in _one_by_one(configs)]
     seeds = sorted({c.seed for c in configs})
@@ -69,13 +70,24 @@ def train_columns(configs: list[TrainConfig]) -> list[Columns]:
     head = prefix.run(0, base.onset)
     # From the onset, one lane per seed and arithmetic: a slow node's weights are the healthy
     # run's (only its clock differs), so both runs read one lane.
-    of_incident = {i: arithmetic(dataclasses.replace(base, incident=i)) for i in {c.incident for c in configs}}
+    kinds = {_kind(c) for c in configs}
+    of_incident = {k: arithmetic(dataclasses.replace(base, incident=k[0], strength=k[1])) for k in kinds}
     lanes: dict[tuple, int] = {}
-    lane_of = [lanes.setdefault((c.seed, of_incident[c.incident]), len(lanes)) for c in configs]
+    lane_of = [lanes.setdefault((c.seed, of_incident[_kind(c)]), len(lanes)) for c in configs]
     firsts = {lane: c for c, lane in reversed(list(zip(configs, lane_of, strict=True)))}
     tail = prefix.fork([firsts[i] for i in range(len(lanes))], configs, lane_of).run(base.onset, base.steps)
     row = {s: i for i, s in enumerate(seeds)}
     return [head[row[c.seed]] + tail[i] for i, c in enumerate(configs)]
+
+
+def _healthy(cfg: TrainConfig, **changes) -> TrainConfig:
+    """cfg without its incident: the run its prefix is."""
+    return dataclasses.replace(cfg, incident="none", strength=1.0, **changes)
+
+
+def _kind(cfg: TrainConfig) -> tuple[str, float]:
+    """What of a config the incident's arithmetic and clock follow from: the incident and its strength."""
+    return cfg.incident, cfg.strength
 
 
 def _one_by_one(configs: list[TrainConfig]) -> list[list[StepRecord]]:
@@ -84,7 +96,7 @@ def _one_by_one(configs: list[TrainConfig]) -> list[list[StepRecord]]:
     out = []
     for cfg in configs:
         if cfg.seed not in heads:
-            prefix = Trainer(dataclasses.replace(cfg, incident="none"))
+            prefix = Trainer(_healthy(cfg))
             heads[cfg.seed] = prefix, [prefix.step() for _ in range(cfg.onset)]
         prefix, head = heads[cfg.seed]
         out.append(head + prefix.fork(cfg).run())
@@ -97,8 +109,8 @@ class _Lanes:
 
     def __init__(self, lanes: list[TrainConfig], runs: list[TrainConfig], lane_of: list[int], means: np.ndarray):
         self.lanes, self.runs, self.lane_of, self.means = lanes, runs, lane_of, means
-        # one config of each incident: the learning rate and the incident follow from the incident alone
-        self.incidents = {c.incident: c for c in lanes + runs}
+        # one config of each incident and strength: the learning rate and the incident follow from them alone
+        self.incidents = {_kind(c): c for c in lanes + runs}
         # Trainer adds each step's duration to its clock in turn; add.accumulate does the same adds
         self.durations = np.stack([step_durations(c) for c in runs])
         self.lab_time = np.add.accumulate(self.durations, axis=1)
@@ -149,7 +161,7 @@ class _Lanes:
         lanes = np.arange(len(self.lanes))[:, None]
         # each step's value of every lane, and of every incident
         losses, heldout, grad_norms, lrs, weight_norms, expected, all_logits = [], [], [], [], [], [], []
-        active: dict[str, list[bool]] = {i: [] for i in self.incidents}
+        active: dict[tuple[str, float], list[bool]] = {i: [] for i in self.incidents}
         for s in range(start, stop):
             # --- batch, forward, backward (model.forward_backward, lane by lane) ---
             x, y = self._batches(s)
@@ -166,9 +178,9 @@ class _Lanes:
                 held = log_softmax_by_class(np.matmul(self.heldout_x, self.w) + self.b[:, None, :])
                 examples = np.arange(self.heldout_y.shape[1])[None, :]
                 self.heldout_loss = -held[self.heldout_y, lanes, examples].mean(axis=1)
-            # --- update (the learning rate and the incident follow from the incident alone) ---
+            # --- update (the learning rate and the incident follow from the incident and its strength alone) ---
             lr_of = {i: learning_rate(c, s) for i, c in self.incidents.items()}
-            lr = np.array([lr_of[c.incident] for c in self.lanes])
+            lr = np.array([lr_of[_kind(c)] for c in self.lanes])
             grad_norm = np.sqrt((g_w * g_w).sum(axis=(1, 2)) + (g_b * g_b).sum(axis=1))
             self.w -= lr[:, None, None] * g_w
             self.b -= lr[:, None] * g_b
@@ -191,7 +203,7 @@ class _Lanes:
         return self._columns(start, stop, per_step, all_logits, active)
 
     def _columns(
-        self, start: int, stop: int, per_step: list[list], logits: list[np.ndarray], active: dict[str, list[bool]]
+        self, start: int, stop: int, per_step: list[list], logits: list[np.ndarray], active: dict[tuple, list[bool]]
     ) -> list[Columns]:
         """Each run's columns over [start, stop): its lane's arithmetic (per_step: loss, held-out
         loss, gradient norm, learning rate, weight norm, expected loss, each a lane vector per
@@ -208,7 +220,7 @@ class _Lanes:
             out.append(Columns(
                 step=list(range(start, stop)), loss=loss_, heldout_loss=held_, gradient_norm=norm_, lr=lr_,
                 duration_seconds=durations[i], tokens=[c.batch_size * c.tokens_per_example] * n,
-                incident_active=active[c.incident], lab_time=lab_time[i], weight_norm=weight_, expected_loss=expected_,
+                incident_active=active[_kind(c)], lab_time=lab_time[i], weight_norm=weight_, expected_loss=expected_,
                 loss_scale=[float("nan")] * n, skipped=[False] * n, logits=logits_,
             ))  # fmt: skip
         return out

@@ -8,6 +8,12 @@ Do not mutate a config after a run starts; build a new one with ``dataclasses.re
 
     >>> cfg = TrainConfig(incident="lr_spike", seed=7)
     >>> cfg.validate()
+
+An incident has a strength (`lr_spike:0.1` on the command line): 1 is the plate's, and the
+scale below (TrainConfig.strength) says what a smaller one means for each incident.
+
+    >>> TrainConfig(incident="repeated_batch", strength=0.5).repeats
+    30
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ CLUSTER_INCIDENTS = ("straggler", "hang", "rank_crash", "ecc")
 # Of those, the faults that strike at one step and make the job restart (trainer.faults).
 FAULTS = ("hang", "rank_crash", "ecc")
 MAX_RANKS = 16  # 2 cores here: 8 ranks already share each core four ways
+# Incidents that come in sizes (TrainConfig.strength); a fault strikes or it does not.
+SCALED_INCIDENTS = ("lr_spike", "corrupt_shard", "repeated_batch", "slow_node", "straggler")
 
 
 # What a run may ask for: enough for any exercise, never enough to fill a disk or memory. A
@@ -63,6 +71,23 @@ def draw_drill(rng: random.Random, cluster: bool = False) -> dict:
         incident = rng.choice(INCIDENTS)
     onset = rng.randint(*DRILL_ONSET_RANGE)
     return {"incident": incident, "onset": onset, "seed": rng.randint(0, MAX_SEED)}
+
+
+def parse_incident(text: str) -> tuple[str, float]:
+    """'lr_spike' -> ('lr_spike', 1.0); 'lr_spike:0.1' -> ('lr_spike', 0.1). The strength is
+    checked by TrainConfig.validate; here only its form.
+
+    >>> parse_incident("corrupt_shard:0.2")
+    ('corrupt_shard', 0.2)
+    """
+    name, sep, strength = text.partition(":")
+    if not sep:
+        return name, 1.0
+    try:
+        value = float(strength)
+    except ValueError:
+        raise ConfigError("strength", f"expected INCIDENT:STRENGTH such as lr_spike:0.1, got {text!r}") from None
+    return name, value
 
 
 class ConfigError(ValueError):
@@ -105,6 +130,15 @@ class TrainConfig:
     corrupt_steps: int = 30  # corrupt_shard: labels shuffled for this many steps
     repeat_steps: int = 60  # repeated_batch: the onset's batch fed this many times
     slow_factor: float = 0.7  # slow_node: throughput multiplied by this, onset to the end
+    # The incident's size, in (0, 1]: 1 is the plate's (the fields above), and a smaller one
+    # scales each incident on its own measure: lr_spike multiplies the learning rate by
+    # lr_spike_factor**strength (geometric: 0.1 is x1.65, 0.22 is x3; an lr spike's harm grows
+    # with the log of its factor, so a linear scale would put every strength above 0.05 past
+    # x8); corrupt_shard shuffles that share of each batch's labels; repeated_batch feeds the
+    # batch round(repeat_steps * strength) times (at least once); slow_node and straggler take
+    # that share of their slowdown (0.27 of 30% is a node 8% slower). Real incidents come in all
+    # sizes, and a rule's trade-off only shows on the small ones (`runwatch backtest --strengths`).
+    strength: float = 1.0
 
     # --- the machine and the lab clock ---
     seed: int = 0  # batches, held-out set, jitter and shuffles all follow from it
@@ -192,13 +226,48 @@ class TrainConfig:
             raise ConfigError("checkpoint_every", "it and checkpoint_keep must be positive")
         if not 0 < self.slow_factor <= 1:
             raise ConfigError("slow_factor", f"must be in (0, 1], got {self.slow_factor}")
+        if not 0 < self.strength <= 1:  # NaN fails too
+            raise ConfigError("strength", f"an incident's strength must be in (0, 1], got {self.strength}")
+        if self.strength != 1 and self.incident not in SCALED_INCIDENTS:
+            raise ConfigError(
+                "strength", f"{self.incident} has no strength; only {', '.join(SCALED_INCIDENTS)} come in sizes"
+            )
+
+    # --- the incident at its strength (see `strength`) ---
+    @property
+    def spike_factor(self) -> float:
+        """lr_spike: what the learning rate is multiplied by."""
+        return self.lr_spike_factor if self.strength == 1 else self.lr_spike_factor**self.strength
+
+    @property
+    def repeats(self) -> int:
+        """repeated_batch: how many steps feed the onset's batch."""
+        return self.repeat_steps if self.strength == 1 else max(1, round(self.repeat_steps * self.strength))
+
+    @property
+    def throughput_factor(self) -> float:
+        """slow_node: what the throughput is multiplied by."""
+        return self.slow_factor if self.strength == 1 else 1 - self.strength * (1 - self.slow_factor)
+
+    @property
+    def clock_factor(self) -> float:
+        """straggler: the fraction of its nominal SM clock the struck rank runs at."""
+        return self.straggler_clock if self.strength == 1 else 1 - self.strength * (1 - self.straggler_clock)
 
     @property
     def label(self) -> str:
-        """The run's id: run_id if set, else '<incident>-<seed>' (never the incident or the seed in a drill)."""
+        """The run's id: run_id if set, else '<incident>-<seed>', '<incident>:<strength>-<seed>'
+        below full strength (never the incident or the seed in a drill: a known seed replays)."""
         if self.run_id:
             return self.run_id
-        return "drill" if self.drill else f"{self.incident}-{self.seed}"
+        if self.drill:
+            return "drill"
+        return f"{self.incident_spec}-{self.seed}"
+
+    @property
+    def incident_spec(self) -> str:
+        """The incident as `--incident` takes it: 'lr_spike', or 'lr_spike:0.1' below full strength."""
+        return self.incident if self.strength == 1 else f"{self.incident}:{self.strength:g}"
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"

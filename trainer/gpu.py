@@ -58,7 +58,7 @@ def gpu_state(cfg: TrainConfig, rank: int, step: int, xid: int = 0) -> GpuState:
     """The rank's GPU as it finishes this step, with the last XID it reported (trainer.faults)."""
     noise = np.random.default_rng([cfg.seed, _STREAM, rank, step]).normal(size=2)
     hot = throttled(cfg, rank, step)
-    clock = NOMINAL_SM_MHZ * (cfg.straggler_clock if hot else 1.0)
+    clock = NOMINAL_SM_MHZ * (cfg.clock_factor if hot else 1.0)
     temp = (THROTTLED_TEMP_C if hot else HEALTHY_TEMP_C) + float(noise[0])
     power = LOAD_POWER_W * clock / NOMINAL_SM_MHZ + 5.0 * float(noise[1])
     return GpuState(round(temp, 1), clock, round(power, 1), FB_USED_MIB, xid)

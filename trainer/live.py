@@ -1,15 +1,26 @@
 """The live run: paced by the lab clock, published through the exporter, logged every 10 steps.
 
 Each step sleeps until its simulated device time has passed (1 s nominal, jittered, 1/0.7 s on
-a slow node), then publishes tokens per second measured from the wall clock around it. The
-steps keep the lab clock by deadlines: step s ends at the live start plus its lab time, so the
-bookkeeping between steps (run.json's fsync, ~15 ms here) does not add up into a drift.
-`fast_forward` trains a prefix unpaced and unpublished first, for drills and tests.
+a slow node), then publishes tokens per second on that device's clock: the backtest's measure,
+so host load never looks like a slow node (the host's own wall time per step goes to the step
+duration histogram). The steps keep the lab clock by deadlines: step s ends at the live start
+plus its lab time, so the bookkeeping between steps (run.json's fsync, ~15 ms here) does not
+add up into a drift. `fast_forward` trains a prefix unpaced and unpublished first, for drills
+and tests.
 
-Held for Prometheus (`scraped`), the lab clock is set against the scrape grid: every whole lab
-second falls SCRAPE_PHASE of a scrape interval after a scrape, so each step ends about half a
-second before the scrape that reads it, whatever the fast-forward. `runwatch backtest` stamps
-its runs on the same clock and evaluates at the same scrapes (runwatch.backtest).
+Watched (`watch`, as the lab runs it), the lab clock waits for Prometheus:
+- it is set against the scrape grid: every whole lab second falls SCRAPE_PHASE of a scrape
+  interval after a scrape, so each step ends about half a second before the scrape that reads
+  it, whatever the fast-forward. `runwatch backtest` stamps its runs on the same clock and
+  evaluates at the same scrapes (runwatch.backtest);
+- it holds the next step while Prometheus's last scrape is older than WATCH_GRACE_S (paused,
+  stopped or restarted, or its network gone), then sets the clock again against the scrapes
+  that return: the steps Prometheus does not see are at most the grace's few;
+- at the incident's onset it asks Prometheus whether the baselines the alerts compare with are
+  recorded (`run:runwatch_baselines:ready`), and while they are not (a gap in scraping emptied
+  their windows) the onset moves a step later: an incident is never injected where no alert
+  could see it. run.json says by how many steps it moved.
+Unwatched (`runwatch train` without --wait-for-prometheus), the clock runs as a real job's does.
 
 Not for backtests: `trainer.offline` runs at full speed.
 """
@@ -19,12 +30,16 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 from runwatch.core.files import write_atomic
+from runwatch.core.names import WATCH_GRACE_S
 from runwatch.exporter.metrics import TrainerMetrics
+from runwatch.prom.server import baselines_ready
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.record import StepRecord
 from runwatch.trainer.run import Trainer
@@ -39,6 +54,52 @@ SCRAPE_PHASE = 0.5
 # timestamp (82 ms for the first scrape of a starting Prometheus on a busy machine), so the
 # least late of a few says where the scrapes fall.
 PHASE_SCRAPES = 3
+POLL_S = 0.01  # how often a held clock looks for a scrape
+
+
+class Scraped(Protocol):
+    """An exporter's record of Prometheus's scrapes (exporter.server.MetricsServer)."""
+
+    scraped: threading.Event  # set at each scrape
+    last_scraped: float | None  # when the last one came, on time.monotonic()
+
+
+@dataclass
+class Watch:
+    """What the live clock waits for.
+
+    `clock_by` is the exporter whose scrapes set the lab clock (the job's training metrics);
+    `servers` every exporter of this process Prometheus must keep scraping (a rank's own too).
+    `ready()` says whether the alerts' baselines are recorded for the run (asked of Prometheus;
+    None: the onset never waits). `agree(flags)` turns this process's (hold, not ready) into the
+    job's: over MPI, every rank's, so that all ranks hold and move their onset together.
+    """
+
+    clock_by: Scraped
+    servers: Sequence[Scraped] = ()
+    ready: Callable[[], bool] | None = None
+    agree: Callable[[tuple[bool, bool]], tuple[bool, bool]] = lambda flags: flags
+    grace: float = WATCH_GRACE_S
+    _servers: list[Scraped] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._servers = [self.clock_by, *(s for s in self.servers if s is not self.clock_by)]
+
+    def unseen(self, now: float) -> float:
+        """Seconds since the least recently scraped of the exporters was scraped (those never
+        scraped yet do not count: Prometheus has not found them)."""
+        seen = [s.last_scraped for s in self._servers if s.last_scraped is not None]
+        return max((now - t for t in seen), default=0.0)
+
+
+def watch_of(args, run_id: str, servers: Sequence[Scraped], agree=None, ask: bool = True) -> Watch | None:
+    """What the live clock of `runwatch train` waits for: with --wait-for-prometheus, the
+    scrapes of these exporters (the last one's set the clock); with --prometheus too (and
+    `ask`: one rank asks for the job), the alerts' baselines at the onset."""
+    if not args.wait_for_prometheus:
+        return None
+    ready = baselines_ready(args.prometheus.rstrip("/"), run_id) if args.prometheus and ask else None
+    return Watch(servers[-1], servers, ready, **({} if agree is None else {"agree": agree}))
 
 
 def log_line(rec: StepRecord, tokens_per_second: float) -> str:
@@ -83,25 +144,21 @@ class RunRecord:
 
 
 def run_live(
-    cfg: TrainConfig,
-    metrics: TrainerMetrics,
-    record: RunRecord,
-    fast_forward: int = 0,
-    stop: threading.Event | None = None,
-    log: Callable[[str], None] = print,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-    trainer: Trainer | None = None,
-    checkpoints: Path | None = None,
-    scraped: threading.Event | None = None,
-) -> str:
+    cfg: TrainConfig, metrics: TrainerMetrics, record: RunRecord, fast_forward: int = 0,
+    stop: threading.Event | None = None, log: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+    trainer: Trainer | None = None, checkpoints: Path | None = None, watch: Watch | None = None,
+    onset_moved: Callable[[TrainConfig], None] | None = None,
+) -> str:  # fmt: skip
     """Train every step of cfg paced, publishing to metrics; return the final status.
 
     The status is "completed", "interrupted" when stop is set or Ctrl-C arrives, or why the trainer
     halted. run.json is rewritten whole after every live step. `trainer` resumes a run (from a checkpoint);
-    with `checkpoints`, the state is saved there every cfg.checkpoint_every steps. With `scraped`,
-    the first live step waits until it is set (Prometheus has scraped the exporter once), so a
-    Prometheus that starts late still sees every live step and the baselines fill before the onset.
+    with `checkpoints`, the state is saved there every cfg.checkpoint_every steps. With `watch`,
+    the clock waits for Prometheus (the module's docstring says how): the first live step waits
+    for its scrapes, so a Prometheus that starts late still sees every live step, and later
+    steps hold while it is away. When the onset moves, `onset_moved(cfg)` is told the run's
+    config with its real onset, before that step (a drill seals it again).
     """
     stop = stop or threading.Event()
     trainer = trainer or Trainer(cfg)
@@ -115,18 +172,24 @@ def run_live(
             _checkpoint(trainer, last.step, checkpoints, metrics)
         if last is not None:
             log(f"fast-forwarded to step {trainer.next_step} (no Prometheus history before it)")
+        scraped = None if watch is None else watch.clock_by.scraped
         start, lab0 = _set_clock(trainer, scraped, stop, log, clock, sleep), trainer.lab_time
         # --- live: one step per lab second, published as it completes ---
         record.save(live_since=time.time() + start - clock(), live_lab_time=lab0)
-        t0 = start
+        t0, planned = start, trainer.cfg.onset
         while not trainer.done and not stop.is_set() and not trainer.halted:
+            # --- the watcher: hold while Prometheus is away, and the onset until it can be seen ---
+            if watch is not None:
+                resumed = _watched(trainer, watch, planned, record, metrics, onset_moved, stop, log, clock, sleep)
+                if resumed is not None:  # held: the clock reads trainer.lab_time at `resumed`
+                    start, lab0, t0 = resumed, trainer.lab_time, resumed
+                    continue  # look again: Prometheus may have gone away while the clock was set
             rec = trainer.step()
-            remaining = start + (rec.lab_time - lab0) - clock()  # its deadline on the lab clock
-            if remaining > 0:
+            if (remaining := start + (rec.lab_time - lab0) - clock()) > 0:  # its deadline on the lab clock
                 sleep(remaining)
-            tps = rec.tokens / (wall := max(clock() - t0, 1e-6))
+            wall = max(clock() - t0, 1e-6)  # the host's time for the step: load shows here
             t0 += wall
-            metrics.observe(rec, tps, wall_seconds=wall)
+            metrics.observe(rec, tps := rec.tokens / rec.duration_seconds, wall_seconds=wall)
             last = rec
             _checkpoint(trainer, rec.step, checkpoints, metrics)
             # how far the run got, always: a launcher restarting a cluster job reads it
@@ -140,6 +203,67 @@ def run_live(
         status = "interrupted"
     record.save(status=status, ended_at=utc_now(), last_step=None if last is None else last.step)
     return status
+
+
+def _watched(
+    trainer: Trainer, watch: Watch, planned: int, record: RunRecord, metrics: TrainerMetrics,
+    onset_moved: Callable[[TrainConfig], None] | None, stop: threading.Event, log: Callable[[str], None],
+    clock: Callable[[], float], sleep: Callable[[float], None],
+) -> float | None:  # fmt: skip
+    """Before a step: hold while Prometheus is away (returning when the clock goes on), or move
+    an onset whose baselines are not recorded; None when the step may go ahead."""
+    at_onset = trainer.next_step == trainer.cfg.onset and trainer.cfg.incident != "none"
+    away = watch.unseen(clock()) > watch.grace
+    hold, unready = watch.agree((away, at_onset and watch.ready is not None and not watch.ready()))
+    if hold:
+        began = clock()
+        record.save(paused_since=utc_now())
+        resumed = _hold(trainer, watch, stop, log, clock, sleep)
+        metrics.waited(clock() - began)
+        record.save(paused_since=None)
+        return clock() if resumed is None else resumed  # stopped: the loop ends
+    if at_onset and unready and trainer.cfg.onset + 1 < trainer.cfg.steps:
+        trainer.move_onset(trainer.cfg.onset + 1)
+    elif at_onset and trainer.cfg.onset != planned:
+        _moved(trainer.cfg, planned, record, log, onset_moved)
+    return None
+
+
+def _hold(
+    trainer: Trainer,
+    watch: Watch,
+    stop: threading.Event,
+    log: Callable[[str], None],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> float | None:
+    """Hold the clock until Prometheus scrapes again, then set it against the returning scrapes;
+    return when (on `clock`) the lab clock reads trainer.lab_time again, or None if stopped.
+    Each rank holds for its own exporters; watch.agree then lets them go on together."""
+    began, step = clock(), trainer.next_step - 1
+    log(f"paused after step {step}: Prometheus has not scraped for {watch.unseen(began):.0f} s; waiting for it")
+    while not stop.is_set() and watch.unseen(clock()) > watch.grace:
+        sleep(POLL_S)
+    if stop.is_set():
+        return None
+    start = _set_clock(trainer, watch.clock_by.scraped, stop, log, clock, sleep)
+    log(f"resumed after step {step}: Prometheus scrapes again; the clock held {clock() - began:.0f} s")
+    return None if stop.is_set() else start
+
+
+def _moved(
+    cfg: TrainConfig, planned: int, record: RunRecord, log: Callable[[str], None],
+    onset_moved: Callable[[TrainConfig], None] | None,
+) -> None:  # fmt: skip
+    """The onset is taken `cfg.onset - planned` steps late: say so where the run's truth is kept
+    (a drill's only in its sealed answer, never in run.json or the log)."""
+    moved = cfg.onset - planned
+    if not cfg.drill:
+        log(f"onset moved {moved} steps, to step {cfg.onset}: the alerts' baselines were not recorded at {planned}")
+        record.data["config"]["onset"] = cfg.onset
+        record.save(onset_moved_by=moved)
+    if onset_moved is not None:
+        onset_moved(cfg)
 
 
 def _checkpoint(trainer: Trainer, step: int, checkpoints: Path | None, metrics: TrainerMetrics) -> None:

@@ -63,6 +63,28 @@ class RankTrainer(Trainer):
         self.drain = drain_step(cfg, self.fault) if self.fault and self.fault.kind == "ecc" else None
         self.started = 0.0
 
+    def move_onset(self, onset: int) -> None:
+        super().move_onset(onset)
+        self.compute = compute_seconds(self.cfg)[self.rank]
+        if self.fault is not None:  # a fault strikes a drawn number of steps after the onset
+            self.fault = fault_of(self.cfg)
+            self.drain = drain_step(self.cfg, self.fault) if self.fault.kind == "ecc" else None
+
+    def agree(self, flags: tuple[bool, bool]) -> tuple[bool, bool]:
+        """Every rank's (hold, onset not ready), any of them true for all: the ranks hold and
+        move their onset together (trainer.live's watch). A nonblocking allreduce, polled, as
+        the exchange is; a stop while it waits ends the loop."""
+        from mpi4py import MPI  # a rank runs under MPI; the one-process trainer never comes here
+
+        mine = np.array([float(f) for f in flags])
+        out = np.empty_like(mine)
+        request = self.comm.Iallreduce(mine, out, op=MPI.MAX)
+        while not request.Test():
+            if self.stop.is_set():
+                raise Interrupted()
+            self.sleep(POLL_SECONDS)
+        return bool(out[0]), bool(out[1])
+
     def restore(self, path) -> None:
         super().restore(path)
         self.metrics.entered(self.next_step)  # the collectives of the steps the checkpoint holds

@@ -37,8 +37,9 @@ def _rng(cfg: TrainConfig, stream: int, step: int = 0) -> np.random.Generator:
     return np.random.default_rng([cfg.seed, stream, step])
 
 
-# How long each incident lasts: the config field that says, or the whole run from the onset.
-_LENGTH = {"lr_spike": "lr_spike_steps", "corrupt_shard": "corrupt_steps", "repeated_batch": "repeat_steps",
+# How long each incident lasts: the config field (or property, at the incident's strength) that
+# says, or the whole run from the onset.
+_LENGTH = {"lr_spike": "lr_spike_steps", "corrupt_shard": "corrupt_steps", "repeated_batch": "repeats",
            "slow_node": "steps", "straggler": "steps"}  # fmt: skip
 
 
@@ -52,7 +53,7 @@ def incident_active(cfg: TrainConfig, step: int) -> bool:
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
     if cfg.incident == "lr_spike" and incident_active(cfg, step):
-        return cfg.lr * cfg.lr_spike_factor
+        return cfg.lr * cfg.spike_factor
     return cfg.lr
 
 
@@ -78,9 +79,9 @@ def compute_seconds(cfg: TrainConfig) -> np.ndarray:
     streams = [_rng(cfg, _JITTER, r).lognormal(0.0, cfg.jitter_sigma, size=cfg.steps) for r in range(cfg.ranks)]
     seconds = cfg.step_seconds * np.stack(streams)
     if cfg.incident == "slow_node":
-        seconds[:, cfg.onset :] /= cfg.slow_factor
+        seconds[:, cfg.onset :] /= cfg.throughput_factor
     if cfg.incident == "straggler":
-        seconds[struck_rank(cfg), cfg.onset :] /= cfg.straggler_clock
+        seconds[struck_rank(cfg), cfg.onset :] /= cfg.clock_factor
     return seconds
 
 
@@ -111,16 +112,28 @@ def shuffles_labels(cfg: TrainConfig, step: int) -> bool:
 
 
 def corrupt_labels(cfg: TrainConfig, step: int, y: np.ndarray) -> np.ndarray:
-    """The labels trained on at this step: shuffled while a corrupt shard is read."""
-    return _rng(cfg, _SHUFFLE, step).permutation(y) if shuffles_labels(cfg, step) else y
+    """The labels trained on at this step: while a corrupt shard is read, all shuffled, or below
+    full strength a share of them (round(strength x batch), at the positions drawn) shuffled
+    among themselves."""
+    if not shuffles_labels(cfg, step):
+        return y
+    rng = _rng(cfg, _SHUFFLE, step)
+    k = round(cfg.strength * len(y))
+    if k >= len(y):  # the plate's: the whole batch, as it always was
+        return rng.permutation(y)
+    where = np.sort(rng.choice(len(y), size=k, replace=False))
+    out = y.copy()
+    out[where] = y[where][rng.permutation(k)]
+    return out
 
 
 def arithmetic(cfg: TrainConfig) -> tuple:
     """Everything of the incident that a step's arithmetic reads, step by step from the onset:
-    which batch, shuffled or not, at which learning rate. Two incidents with the same arithmetic
+    which batch, shuffled or not (and how much), at which learning rate. Two incidents with the same arithmetic
     (a slow node and none: only the clock differs) train the same weights, bit for bit."""
     return tuple(
-        (batch_source(cfg, s), shuffles_labels(cfg, s), learning_rate(cfg, s)) for s in range(cfg.onset, cfg.steps)
+        (batch_source(cfg, s), shuffles_labels(cfg, s) and cfg.strength, learning_rate(cfg, s))
+        for s in range(cfg.onset, cfg.steps)
     )
 
 
@@ -329,14 +342,26 @@ class Trainer:
         other.durations = step_durations(cfg)
         return other
 
+    def move_onset(self, onset: int) -> None:
+        """Take the incident from `onset` instead, this run going on healthy until then (the live
+        clock's watcher, trainer.live: the alerts' baselines were not ready at the old onset).
+        Before the onset every incident trains as the healthy run does, so the steps so far
+        stand; a step's clock and data from the new onset on are those of a run configured so."""
+        if onset < self.next_step:
+            raise ValueError(f"move_onset: step {onset} is already trained (next step {self.next_step})")
+        self.cfg = dataclasses.replace(self.cfg, onset=onset)
+        self.cfg.validate()
+        self.durations = step_durations(self.cfg)
+
     def fork(self, cfg: TrainConfig) -> Trainer:
-        """A copy of this trainer that goes on under cfg, which may differ only in its incident.
+        """A copy of this trainer that goes on under cfg, which may differ only in its incident
+        (and the incident's strength).
 
         Before the onset every incident trains exactly as the healthy run does, so a backtest
         trains the shared prefix once per seed and forks it for each incident.
         """
         cfg.validate()
-        if dataclasses.replace(cfg, incident=self.cfg.incident) != self.cfg:
+        if dataclasses.replace(cfg, incident=self.cfg.incident, strength=self.cfg.strength) != self.cfg:
             raise ValueError("fork: the configs may differ only in their incident")
         if self.next_step > cfg.onset:
             raise ValueError(f"fork: step {self.next_step} is past the onset {cfg.onset}")

@@ -17,8 +17,12 @@ function seriesStyle(label, i) {
   if (label === "held-out loss") {
     return { ...s, paths: () => null, points: { show: true, size: 7, fill: COLOURS[i % COLOURS.length] } };
   }
-  if (label.startsWith("expected") || label.startsWith("alert threshold")) {
+  // a threshold is dashed red; the expected curve is a model of the loss, not a limit: solid grey
+  if (label.startsWith("alert threshold")) {
     return { ...s, dash: [8, 6], stroke: "#d62728", points: { show: false } };
+  }
+  if (label.startsWith("expected")) {
+    return { ...s, stroke: "#888", width: 1.5, points: { show: false } };
   }
   return { ...s, points: { show: false } };
 }
@@ -50,6 +54,11 @@ function marksPlugin() {
         ctx.save();
         ctx.setLineDash([3, 3]);
         ctx.font = `${10 * devicePixelRatio}px sans-serif`;
+        // uPlot leaves the context as its last axis drew (right-aligned): a label set from its
+        // own left edge must say so, or it ends where it should begin, left of its line
+        ctx.textAlign = "left";
+        ctx.textBaseline = "alphabetic";
+        const gap = 3 * devicePixelRatio;
         Object.entries(byStep).forEach(([step, alerts], i) => {
           const x = u.valToPos(Number(step), "x", true);
           ctx.strokeStyle = ctx.fillStyle = MARKS[i % MARKS.length];
@@ -57,8 +66,14 @@ function marksPlugin() {
           ctx.moveTo(x, bbox.top);
           ctx.lineTo(x, bbox.top + bbox.height);
           ctx.stroke();
-          // one line of text per mark, stacked, so marks a step apart stay readable
-          ctx.fillText(`${alerts.join(", ")} ${step}`, x + 3 * devicePixelRatio, bbox.top + (12 + 12 * i) * devicePixelRatio);
+          // one line of text per mark, stacked, so marks a step apart stay readable; right of
+          // its line, or left of it where the panel's edge would cut it, never past either edge
+          const text = `${alerts.join(", ")} ${step}`;
+          const width = ctx.measureText(text).width;
+          let left = x + gap;
+          if (left + width > bbox.left + bbox.width) left = x - gap - width;
+          left = Math.max(bbox.left, left);
+          ctx.fillText(text, left, bbox.top + (12 + 12 * i) * devicePixelRatio);
         });
         ctx.restore();
       }],
@@ -84,12 +99,23 @@ function toData(panel) {
   return [panel.steps, ...panel.series.map((s) => s.values)];
 }
 
+function runState(p) {
+  if (p.waiting) return "(waiting for the first scrape)";
+  const last = p.panels.loss.steps.length ? p.panels.loss.steps[p.panels.loss.steps.length - 1] : p.step;
+  const drill = p.drill ? ", a drill" : "";
+  if (p.ended) return `(step ${last}, finished ${new Date(p.ended * 1000).toISOString().slice(11, 19)} UTC${drill})`;
+  if (p.paused_for) return `(step ${last}, paused: Prometheus has not scraped for ${Math.round(p.paused_for)} s${drill})`;
+  // compose's console sees only Prometheus, to which a held trainer and a stopped one look alike
+  if (p.stopped && !p.known && p.unseen)
+    return `(stopped at step ${last}, or paused: Prometheus has not scraped it for ${Math.round(p.unseen)} s${drill})`;
+  if (p.stopped) return `(stopped at step ${last}${drill})`;
+  return `(step ${last}, running${drill})`;
+}
+
 function showReadouts(p) {
   const parts = Object.entries(p.readouts).map(([a, s]) => `${a} ${s === null ? "\u2014" : s}`);
   document.getElementById("readouts").textContent = parts.join("  \u00b7  ");
-  const ended = p.ended ? `finished ${new Date(p.ended * 1000).toISOString().slice(11, 19)} UTC` : "running";
-  const last = p.panels.loss.steps.length ? `step ${p.panels.loss.steps[p.panels.loss.steps.length - 1]}, ` : "";
-  document.getElementById("run-state").textContent = `(${last}${ended}${p.drill ? ", a drill" : ""})`;
+  document.getElementById("run-state").textContent = runState(p);
   // no links where Prometheus serves no web UI (Debian's build): a dead page helps no one
   for (const key of ["loss", "grad", "throughput"]) {
     const link = document.getElementById(`link-${key}`);
@@ -105,8 +131,13 @@ async function refreshPlate() {
     const resp = await fetch(`/api/plate?run=${encodeURIComponent(run)}`);
     const p = await resp.json();
     if (!resp.ok) throw new Error(p.error || resp.statusText);
-    state.plate = p;
     problem.hidden = true;
+    if (p.waiting) { // the lab's own run, before Prometheus holds a sample of it
+      document.getElementById("run-state").textContent = runState(p);
+      document.getElementById("readouts").textContent = "\u2014";
+      return;
+    }
+    state.plate = p;
     for (const key of ["loss", "grad", "throughput"]) {
       const panel = p.panels[key];
       const labels = panel.series.map((s) => s.label).join("|");

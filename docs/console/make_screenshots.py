@@ -5,8 +5,8 @@
 1. A native lab with a corrupt shard (fast-forwarded to step 270): the plate and the pages
    (plate-and-pages.png), a page's runbook (page-and-runbook.png), an ack (acked.png).
 2. A drill whose hidden incident is a corrupt shard from step 247 (seed 516 under the tests'
-   drill key): the plate without its incident window (drill.png), the graded diagnosis
-   (diagnosed.png) and the postmortem with its plate (postmortem.png).
+   drill key): the plate without its incident window (drill.png), then the ack and the graded
+   diagnosis (diagnosed.png) and the postmortem with its plate (postmortem.png).
 
 Chromium is Debian's, driven by Playwright, as in the tests.
 """
@@ -59,12 +59,12 @@ def incident_lab(page: Page, state: Path) -> None:
     try:
         wait(lambda: paged(state, "TrainingLossJump"), 120, "the corrupt shard's page")
         page.goto(f"{CONSOLE}/")
-        page.wait_for_selector('li.page[data-alert="TrainingLossJump"] button.ack')
+        page.wait_for_selector('li.incident[data-alert="TrainingLossJump"] button.ack')
         shot(page, "plate-and-pages.png")
-        page.click('li.page[data-alert="GradientNormJump"] button.show-runbook')
+        page.click('li.incident[data-alert="GradientNormJump"] button.show-runbook')
         page.wait_for_selector('#runbook article[data-alert="GradientNormJump"]')
         shot(page, "page-and-runbook.png")
-        page.click('li.page[data-alert="TrainingLossJump"] button.ack')
+        page.click('li.incident[data-alert="TrainingLossJump"] button.ack')
         page.fill("#ack-comment", "loss 20x and gradient norm 5x at the same step: bad data?")
         page.click("#ack-submit")
         page.wait_for_selector("#notice")
@@ -80,15 +80,19 @@ def drill(page: Page, state: Path) -> None:
     try:
         wait(lambda: paged(state, "GradientNormJump"), 120, "the drill's page")
         page.goto(f"{CONSOLE}/")
-        page.wait_for_selector('li.page[data-alert="GradientNormJump"]')
+        page.wait_for_selector('li.incident[data-alert="GradientNormJump"]')
         shot(page, "drill.png")
+        # first ack (what you know so far), then diagnose
+        page.click('li.incident[data-alert="GradientNormJump"] button.ack')
+        page.fill("#ack-comment", "gradient norm 5x at once: looking at the loss")
+        page.click("#ack-submit")
+        page.wait_for_selector("#notice")
         page.select_option("#diagnose-incident", "corrupt_shard")
         page.fill("#diagnose-step", "247")
         page.click("#diagnose-submit")
         page.wait_for_selector("#notice")
         shot(page, "diagnosed.png")
-        page.click("#postmortem-submit")
-        page.wait_for_selector("#postmortem-link").click()
+        page.click("#postmortem-submit")  # writes it and shows it
         page.wait_for_selector("article.postmortem img")
         shot(page, "postmortem.png")
     finally:
@@ -99,6 +103,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
         page = browser.new_context(viewport={"width": 1500, "height": 1000}).new_page()
+        page.set_default_timeout(120_000)  # writing the postmortem draws its plate: slow on a busy host
         incident_lab(page, Path(tmp) / "incident")
         drill(page, Path(tmp) / "drill")
         browser.close()

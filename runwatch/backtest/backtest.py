@@ -1,6 +1,11 @@
 """`runwatch backtest`: every seed x incident through a real Prometheus, read like the plate.
 
     runwatch backtest --seeds 100-199 [--rules DIR] [--json FILE] [--no-cache]
+    runwatch backtest --strengths 0.05-1 --sweep TrainingLossJump=2,2.5,3,4,5 --plot sweep.png
+
+`--strengths` draws each incident run's strength (trainer.config: the plate's is 1), and the
+table then reads per incident and strength band. `--sweep` evaluates one alert at several
+values of its threshold or its `for:` (runwatch.backtest.sweep), beside the rules in force.
 
 1. Trains every seed x incident offline, all runs of a chunk of seeds as one batched numpy
    computation (trainer.batch: bit for bit the runs `runwatch train --offline` writes).
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -42,7 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,9 +58,11 @@ import yaml
 
 from runwatch import exporter, trainer
 from runwatch.backtest import remote_write, signatures
+from runwatch.backtest import sweep as workbench
 from runwatch.backtest.datacache import DataCache, default_root, key_of
 from runwatch.backtest.inline import Inliner, references
 from runwatch.backtest.remote_write import push, write_request
+from runwatch.backtest.sweep import Strengths, parse_strengths
 from runwatch.core.command import Command, UsageError, check_writable, config_error, number
 from runwatch.core.files import write_atomic
 from runwatch.core.names import CLUSTER_ALERTS, LOOPBACK, META_GROUP, PORTS
@@ -87,7 +95,7 @@ PUSH_RUNS = 25
 MAX_QUERIES = 16
 # The data's cache: bump when what an entry holds changes meaning.
 CACHE_FORMAT = 3
-RESULTS_FORMAT = 1  # an alert's kept result: each series that fired, and when it first did
+RESULTS_FORMAT = 2  # an alert's kept result: each series that fired, when it first did, and how often it began
 CACHE_MAX_MB = 512  # about 34 backtests of 100 seeds (15 MB each)
 
 
@@ -265,12 +273,16 @@ def families_read(rules: Rules) -> set[str]:
     return {f for f in FAMILIES if f in names or f"{f}_total" in names} | {STEP, "up"}  # a counter's samples: _total
 
 
-def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, set[str], str, int]) -> tuple[list[dict], int]:
+def _simulate_chunk(
+    args: tuple[list[int], tuple[str, ...], str, set[str], str, int, Strengths | None],
+) -> tuple[list[dict], int]:
     """Worker: train a chunk of seeds and push their samples into the loading Prometheus at base."""
-    seeds, incidents, base, families, precision, ranks = args
+    seeds, incidents, base, families, precision, ranks, strengths = args
     configs = [
-        TrainConfig(incident=i, seed=seed, precision=precision, ranks=ranks) for seed in seeds for i in incidents
-    ]
+        TrainConfig(incident=i, seed=seed, precision=precision, ranks=ranks,
+                    strength=strengths.of(seed, i) if strengths else 1.0)
+        for seed in seeds for i in incidents
+    ]  # fmt: skip
     # Hundreds of thousands of values and arrays, and no reference cycles among them: the
     # cyclic collector would only walk them again and again (5-10% of a chunk's time).
     gc.disable()
@@ -280,6 +292,7 @@ def _simulate_chunk(args: tuple[list[int], tuple[str, ...], str, set[str], str, 
             run = OfflineRun(cfg, columns, shift_ms=GRID_PHASE_MS)
             runs.append(run)
             meta.append({"incident": cfg.incident, "seed": cfg.seed, "run_id": cfg.label, "end": run.end_time(),
+                         "strength": cfg.strength,
                          **({"fault_at": run.fault_time()} if cfg.incident in signatures.FAULTS else {})})  # fmt: skip
         samples = 0
         for i in range(0, len(runs), PUSH_RUNS):
@@ -427,6 +440,7 @@ def plan(rules: Rules, since: float, inline: bool = True, schedule: Schedule | N
 def _load(
     seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, families: set[str], prometheus: str, workers: int,
     precision: str, progress: Progress, cache: DataCache | None, key: str, ranks: int = 1,
+    strengths: Strengths | None = None,
 ) -> tuple[list[dict], int, bool]:  # fmt: skip
     """Steps 1-2, or their cached result (entry `key`): (the runs' metadata, samples loaded,
     from the cache)."""
@@ -435,15 +449,18 @@ def _load(
         if found is not None:
             progress(f"loaded {len(found['runs'])} runs from the cache ({cache.root / key})")
             return found["runs"], found["samples"], True
-    meta, samples = _train_and_load(seeds, incidents, tmpdir, families, prometheus, workers, precision, progress, ranks)
+    meta, samples = _train_and_load(
+        seeds, incidents, tmpdir, families, prometheus, workers, precision, progress, ranks, strengths
+    )
     if cache is not None:
         cache.put(key, tmpdir / "data", {"runs": meta, "samples": samples})
     return meta, samples, False
 
 
 def cache_key(
-    seeds: list[int], incidents: tuple[str, ...], precision: str, families: set[str], prometheus: str, ranks: int = 1
-) -> str:
+    seeds: list[int], incidents: tuple[str, ...], precision: str, families: set[str], prometheus: str, ranks: int = 1,
+    strengths: Strengths | None = None,
+) -> str:  # fmt: skip
     """Everything the loaded data follows from: the trainer's code and config (its defaults are
     code), numpy, the Prometheus that wrote the blocks, the runs asked for, the families loaded
     and the stamps' shift."""
@@ -454,6 +471,7 @@ def cache_key(
         "families": sorted(families), "numpy": numpy.__version__,
         "prometheus": _identity(prometheus),
         "shift_ms": GRID_PHASE_MS, "start": DEFAULT_START, **({"ranks": ranks} if ranks > 1 else {}),
+        **({"strengths": strengths.spec} if strengths else {}),
     }  # fmt: skip
     sources = [
         *Path(trainer.__file__).parent.glob("*.py"),
@@ -471,7 +489,7 @@ def _identity(tool: str) -> list:
 
 def _train_and_load(
     seeds: list[int], incidents: tuple[str, ...], tmpdir: Path, families: set[str], prometheus: str, workers: int,
-    precision: str, progress: Progress, ranks: int = 1,
+    precision: str, progress: Progress, ranks: int = 1, strengths: Strengths | None = None,
 ) -> tuple[list[dict], int]:  # fmt: skip
     """Steps 1-2: every seed x incident trained in parallel chunks, pushed into a loading
     Prometheus, and written out as a block into tmpdir/data."""
@@ -480,7 +498,7 @@ def _train_and_load(
     loader = _loader(prometheus, tmpdir)
     meta, samples = [], 0
     with loader.running(), _processes(workers) as pool:
-        jobs = [(c, incidents, loader.base, families, precision, ranks) for c in chunks]
+        jobs = [(c, incidents, loader.base, families, precision, ranks, strengths) for c in chunks]
         for i, (m, n) in enumerate(pool.map(_simulate_chunk, jobs), 1):
             meta += m
             samples += n
@@ -590,6 +608,7 @@ def _read_alerts(
     earlier backtests on the same runs, read instead of evaluated (and the new ones kept).
     """
     first: dict[str, dict[str, float]] = {run: {} for run in run_ids}
+    began: dict[str, dict[str, int]] = {run: {} for run in run_ids}  # how often each alert began to fire
     named: dict[str, dict[str, set[str]]] = {run: {} for run in run_ids}  # the ranks firing first
     unattributed: dict[str, int] = {}
 
@@ -600,7 +619,7 @@ def _read_alerts(
         what = f"reading {rule['alert']}" + (" from the cache" if found is not None else "")
         progress(f"{what} ({i + 1}/{len(rules.alerting)})", done=i + 1 == len(rules.alerting))
         if found is None:
-            found = [{"metric": s["metric"], "at": s["values"][0][0]}
+            found = [{"metric": s["metric"], "at": s["values"][0][0], "began": _began(s["values"])}
                      for s in query_range(prom.base, query, prom.start, prom.end)]  # fmt: skip
             if kept is not None:
                 kept.put(query, found)
@@ -617,6 +636,7 @@ def _read_alerts(
                     unattributed[rule["alert"]] = unattributed.get(rule["alert"], 0) + 1
                     continue
                 t, alert = float(series["at"]), rule["alert"]
+                began[run][alert] = began[run].get(alert, 0) + series["began"]
                 if alert not in first[run] or t < first[run][alert]:
                     first[run][alert], named[run][alert] = t, set()
                 if t == first[run][alert] and "rank" in series["metric"]:
@@ -626,7 +646,14 @@ def _read_alerts(
         fired = [t for alerts in first.values() for t in alerts.values()]
         steps = query_range(prom.base, f"last_over_time({STEP}[1m])", min(fired), max(fired)) if fired else []
         step_at = {s["metric"].get("run_id"): {float(t): int(float(v)) for t, v in s["values"]} for s in steps}
-    return first, unattributed, step_at, named
+    return first, unattributed, step_at, named, began
+
+
+def _began(values: list) -> int:
+    """How many times a firing series began: its evaluations, 1 s apart, in unbroken stretches.
+    Each is a page Alertmanager would send (a resolved alert that fires again pages again)."""
+    times = [round(float(t)) for t, _ in values]
+    return 1 + sum(b - a > 1 for a, b in zip(times, times[1:], strict=False)) if times else 0
 
 
 def backtest(
@@ -640,23 +667,26 @@ def backtest(
     inline: bool = True,
     ranks: int = 1,
     schedule: Schedule | None = None,
+    strengths: Strengths | None = None,
+    edit: Callable[[Rules], Rules] | None = None,
 ) -> Result:
     """The backtest; `cache` keeps the loaded runs between calls (None: train afresh),
     `inline=False` backfills every recording rule first, as the backtest used to, `ranks`
     trains every run data-parallel over that many ranks, with their series, and `schedule`
-    evaluates the groups in a live lab's order (Schedule.of_lab; None: every recording fresh)."""
+    evaluates the groups in a live lab's order (Schedule.of_lab; None: every recording fresh).
+    `strengths` draws each incident run's strength (None: the plate's, 1); `edit` adds to the
+    rules read (runwatch.backtest.sweep's variants of one alert), evaluated beside them."""
     progress = progress or Progress()
     promtool, prometheus = binary("promtool"), binary("prometheus")
-    rules = load_rules(rules_dir, promtool)
+    rules = (edit or (lambda r: r))(load_rules(rules_dir, promtool))
     workers = workers or os.cpu_count() or 1
     timings: dict[str, float] = {}
     families = families_read(rules)
-    key = cache_key(seeds, incidents, precision, families, prometheus, ranks) if cache is not None else ""
+    key = cache_key(seeds, incidents, precision, families, prometheus, ranks, strengths) if cache is not None else ""
     with tempfile.TemporaryDirectory(prefix="runwatch-backtest-") as tmp:
         t0 = time.perf_counter()
-        meta, samples, cached = _load(
-            seeds, incidents, Path(tmp), families, prometheus, workers, precision, progress, cache, key, ranks
-        )
+        meta, samples, cached = _load(seeds, incidents, Path(tmp), families, prometheus, workers, precision,
+                                      progress, cache, key, ranks, strengths)  # fmt: skip
         timings["train_and_load"] = time.perf_counter() - t0
         prom = _throwaway(prometheus, Path(tmp), meta)
         how = plan(rules, prom.start, inline, schedule)
@@ -671,22 +701,33 @@ def backtest(
                     "prometheus": _identity(prometheus), "promtool": _identity(promtool),
                     "backfilled": how.passes}  # fmt: skip
             kept = Kept(cache, key, grid)
-        first, unattributed, step_at, named = _read_alerts(
+        first, unattributed, step_at, named, began = _read_alerts(
             prom, rules, how.conditions, {m["run_id"] for m in meta}, progress, kept
         )
         timings["alerts"] = time.perf_counter() - t0
 
+    runs = _runs(meta, alerts, first, step_at, began, named, ranks)
+    return Result(runs, unattributed, alerts, timings, samples, cached, ranks)
+
+
+def _runs(
+    meta: list[dict], alerts: list[str], first: dict, step_at: dict, began: dict, named: dict, ranks: int
+) -> list[dict]:
+    """Each run's readouts, in the table's order: its first fire of each alert (a step; a fault's
+    seconds after it too), how often each began to fire, and for ranks the ranks named."""
     runs = []
     for m in sorted(meta, key=lambda m: (ALL_INCIDENTS.index(m["incident"]), m["seed"])):
         fires = first[m["run_id"]]
         steps = {a: (step_at[m["run_id"]][fires[a]] if a in fires else None) for a in alerts}
-        run = {**{k: m[k] for k in ("incident", "seed", "run_id")}, "first_fire": steps}
+        run = {**{k: m[k] for k in ("incident", "seed", "run_id")}, "strength": m.get("strength", 1.0),
+               "seconds": round(m["end"] - DEFAULT_START + GRID_PHASE_MS / 1000, 3), "first_fire": steps,
+               "began": {a: began[m["run_id"]].get(a, 0) for a in alerts}}  # fmt: skip
         if "fault_at" in m:  # no step ends while a job stalls or restarts: seconds from the fault
             run["after_fault"] = {a: round(fires[a] - m["fault_at"], 1) if a in fires else None for a in alerts}
         if ranks > 1:  # which ranks each alert named when it first fired
             run["named_ranks"] = {a: sorted(r, key=int) for a, r in named[m["run_id"]].items() if r}
         runs.append(run)
-    return Result(runs, unattributed, alerts, timings, samples, cached, ranks)
+    return runs
 
 
 # --- reporting ---
@@ -885,6 +926,17 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
         "(e.g. http://127.0.0.1:9090; default: every recording read fresh)",
     )  # fmt: skip
     p.add_argument(
+        "--strengths", default=None, metavar="LO-HI|S1,S2,...",
+        help="draw each incident run's strength from this range (e.g. 0.05-1) or list; the table then reads by "
+        "strength band (default: every incident at the plate's strength, 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--sweep", default=None, metavar="ALERT=V1,V2,...",
+        help="also evaluate ALERT at each of these thresholds (ALERT=2,2.5,3 or ALERT=2-5:0.5), or for: values "
+        "(ALERT.for=0s,10s,20s), on the same runs, and print the trade-off",
+    )  # fmt: skip
+    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="with --sweep, draw the trade-off here")
+    p.add_argument(
         "--no-cache", action="store_true", help="train and load the runs afresh, and keep nothing in the cache"
     )
     p.add_argument(
@@ -892,6 +944,27 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
         help=f"the cache's size cap in MB, least recently used entries first out (default {CACHE_MAX_MB})",
     )  # fmt: skip
     return run
+
+
+def _workbench_report(
+    summary: dict, result: Result, in_force: Result, rules_dir: Path, strengths: Strengths | None,
+    swept: workbench.Sweep | None, plot: Path | None,
+) -> None:  # fmt: skip
+    """--strengths' table by band and --sweep's trade-off (runwatch.backtest.sweep), printed and
+    kept in the summary; --plot's figure."""
+    if strengths is not None:
+        summary["by_strength"] = workbench.catches(in_force, strengths, in_force.alerts)
+        print("\n" + workbench.catches_table(summary["by_strength"], in_force.alerts))
+    if swept is None:
+        return
+    written = [r for f in Layout().rule_files(rules_dir) for g in (yaml.safe_load(f.read_text()) or {}).get(
+        "groups", []) for r in g.get("rules", [])]  # fmt: skip
+    rows = workbench.trade_off(result, swept, strengths, workbench.in_force(written, swept))
+    summary["sweep"] = {"alert": swept.alert, "field": swept.field, "values": list(swept.values), "rows": rows}
+    print("\n" + workbench.sweep_table(rows, swept))
+    if plot is not None:
+        workbench.plot(rows, swept, plot)
+        print(f"backtest: wrote the trade-off to {plot}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -913,6 +986,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--rules: {rules_dir} is not a directory")
     if args.json is not None:
         check_writable(args.json, "--json")
+    strengths = None if args.strengths is None else parse_strengths(args.strengths)
+    swept = None if args.sweep is None else workbench.parse_sweep(args.sweep)
+    if args.plot is not None:
+        if swept is None:
+            raise UsageError("--plot: draws a sweep's trade-off: give --sweep too")
+        if args.plot.suffix.lower() != ".png":
+            raise UsageError(f"--plot: writes a PNG, name it FILE.png, got {args.plot}")
+        check_writable(args.plot, "--plot")
     # SIGTERM as well as Ctrl-C unwinds through the finally blocks that stop Prometheus.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     t0 = time.perf_counter()
@@ -926,16 +1007,19 @@ def run(args: argparse.Namespace) -> int:
     cache = None if args.no_cache else DataCache(default_root(), args.cache_max_mb << 20)
     result = backtest(
         seeds, rules_dir, incidents, args.workers, precision=args.precision, cache=cache, ranks=args.ranks,
-        schedule=schedule,
+        schedule=schedule, strengths=strengths, edit=None if swept is None else workbench.variants(swept),
     )  # fmt: skip
     wall = time.perf_counter() - t0
-    summary = summarise(result)
+    extra = set(swept.names) if swept else set()
+    in_force = dataclasses.replace(result, alerts=[a for a in result.alerts if a not in extra])
+    summary = summarise(in_force)
     summary["seconds"]["total"] = round(wall, 1)
-    print(report(summary, result.alerts))
+    print(report(summary, in_force.alerts))
+    _workbench_report(summary, result, in_force, rules_dir, strengths, swept, args.plot)
     over = f" over {args.ranks} ranks" if args.ranks > 1 else ""
     print(f"\n{len(result.runs)} {args.precision} runs{over} ({len(seeds)} seeds x {len(incidents)} incidents), "
           f"{result.samples:,} samples{' (from the cache)' if result.cached else ''}, in {wall:.1f}s")  # fmt: skip
     if args.json is not None:
-        doc = {"runs": result.runs, "summary": summary}
+        doc = {"runs": in_force.runs, "summary": summary}
         write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     return 0

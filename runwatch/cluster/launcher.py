@@ -38,7 +38,7 @@ from runwatch.exporter.rank_metrics import LauncherMetrics
 from runwatch.exporter.server import MetricsServer
 from runwatch.prom.server import port_is_free
 from runwatch.trainer.config import TrainConfig
-from runwatch.trainer.live import RunRecord, run_live, utc_now
+from runwatch.trainer.live import RunRecord, run_live, utc_now, watch_of
 from runwatch.trainer.rank import POLL_SECONDS, JobFailedError, RankTrainer, rank_metrics
 from runwatch.trainer.run import Trainer
 
@@ -46,7 +46,7 @@ RANK_ENV = "PMI_RANK"  # set by MPICH's mpiexec in every rank it starts
 # What the launcher hands on to every rank, by attribute; the rest is fixed by the launcher.
 PASSED = ("seed", "steps", "onset", "lr", "incident", "port", "host", "fast_forward", "run_dir", "hold",
           "precision", "ranks", "rank_port_base", "step_seconds", "wait_for_prometheus", "watchdog_seconds",
-          "restart_seconds", "sealed_answer")  # fmt: skip
+          "restart_seconds", "sealed_answer", "prometheus")  # fmt: skip
 FAREWELL_S = 5.0
 # Restarts the launcher makes before it gives up, as torchrun's --max-restarts: a fault strikes
 # a run once, so more than one means something else is wrong (a bug that crashes every start).
@@ -252,7 +252,8 @@ def run_rank(
         status = run_live(
             cfg, metrics, record, fast_forward, stop, log=say if rank == 0 else lambda _line: None,
             trainer=trainer, checkpoints=run_dir / "checkpoints" if rank == 0 else None,
-            scraped=servers[-1].scraped if args.wait_for_prometheus else None,
+            watch=watch_of(args, cfg.label, servers, trainer.agree, ask=rank == 0),  # rank 0 asks for all
+            onset_moved=(lambda moved: seal_answer(args.sealed_answer, moved)) if cfg.drill and rank == 0 else None,
         )  # fmt: skip
     except JobFailedError as err:
         # As NCCL's watchdog does: end this process, and mpiexec ends every other rank.

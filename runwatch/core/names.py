@@ -19,6 +19,17 @@ META_GROUP = "runwatch-meta"
 # The step at which each alert first fired in each run, recorded once by a rule of alerts.yml:
 # every readout (dashboards, `runwatch plate`) reads this one series.
 FIRST_FIRED = "run_alert:runwatch_train_step:first_fired"
+# The same record for a cluster run, on its ranks' furthest step (cluster.yml)
+FIRST_FIRED_RANKS = "run_alert:runwatch_rank_step:first_fired"
+# Recorded while every baseline the plate's alerts compare with exists for a run
+# (baselines.yml): a live trainer holds its incident's onset until it does.
+BASELINES_READY = "run:runwatch_baselines:ready"
+
+# --- the lab's clock and its watcher ---
+SCRAPE_INTERVAL_S = 1.0  # prometheus/prometheus.yml's scrape_interval (tests/test_rules.py holds them equal)
+# A live trainer holds its next step once Prometheus's last scrape of it is older than this:
+# three scrapes missed in a row, not a late one (a scrape on a loaded host can be ~0.1 s late).
+WATCH_GRACE_S = 3 * SCRAPE_INTERVAL_S
 
 # --- components: each one's port, the same natively (on 127.0.0.1) and published by compose ---
 PORTS = {"trainer": 8000, "pager": 9095, "alertmanager": 9093, "prometheus": 9090, "console": 9096}

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import html
 import json
+import os
 import re
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,7 +36,7 @@ import requests
 from runwatch.core.command import Command, UsageError, add_state_dir, check_writable, number, read_json
 from runwatch.core.files import write_atomic
 from runwatch.lab import supervise as lab_mod
-from runwatch.oncall.pager import read_pages, received_time
+from runwatch.oncall.pager import read_incidents, read_pages, received_time, time_to_ack
 from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.readouts import picture as plate
 from runwatch.trainer.config import CLUSTER_INCIDENTS, DRILL_ONSET_RANGE, INCIDENTS, MAX_RANKS, SEED, STEP
@@ -106,11 +109,11 @@ def drill(args: argparse.Namespace) -> int:
     up_args = argparse.Namespace(
         state_dir=args.state_dir, incident="random", seed=args.seed if args.seed is not None else 0, onset=None,
         fast_forward=args.fast_forward, control=False, detach=True, drill_seed=args.seed, root=None, precision="fp64",
-        ranks=args.ranks, ports=args.ports,
+        ranks=args.ranks, ports=args.ports, no_wait_for_prometheus=False,  # a drill's incident must be seen
     )  # fmt: skip
     lab_mod.up(up_args)
     run_id = json.loads((d.lab.state / "lab.json").read_text())["run_id"]
-    d.save({"run_id": run_id, "started_at": _now(), "acks": [], "diagnosis": None})
+    d.save({"run_id": run_id, "started_at": _now(), "acks": [], "diagnosis": None, "ranks": args.ranks})
     print(f"drill {run_id} started: something may go wrong between steps {DRILL_ONSET_RANGE[0]} and "
           f"{DRILL_ONSET_RANGE[1]}, or nothing at all.")  # fmt: skip
     print("watch `runwatch pager --follow`; then `runwatch ack ALERT`, `runwatch diagnose INCIDENT`")
@@ -120,66 +123,119 @@ def drill(args: argparse.Namespace) -> int:
 # --- runwatch ack ---
 
 
-def firing_in_alertmanager(alert: str, run_id: str, alertmanager: str) -> list[dict]:
+def firing_unsilenced(alertmanager: str, alert: str, run_id: str) -> bool:
+    """Whether Alertmanager holds the alert of the run firing with no silence: one an ack silences."""
     params = {"filter": [f'alertname="{alert}"', f'run_id="{run_id}"'], "active": "true", "silenced": "false"}
-    resp = requests.get(f"{alertmanager}/api/v2/alerts", params=params, timeout=5)
-    resp.raise_for_status()
-    return resp.json()
+    try:
+        resp = requests.get(f"{alertmanager}/api/v2/alerts", params=params, timeout=5)
+        resp.raise_for_status()
+        return bool(resp.json())
+    except (requests.RequestException, ValueError) as err:
+        raise UsageError(f"--alertmanager: {alertmanager} did not answer ({type(err).__name__})") from None
 
 
 def ack(args: argparse.Namespace) -> int:
-    """A silence for one alert of one run: the drill's run (recorded in its timeline), else
-    --run or the lab's run. The alert must be firing and not yet silenced."""
+    """Acknowledge the incident of one alert of one run, with a comment: recorded by the pager
+    (its page log, so the console, the drill's grade and the postmortem read it), whatever the
+    alert is doing now. While the alert still fires, a silence scoped to it and the run keeps it
+    quiet for --expires minutes, as tools built on Alertmanager acknowledge. The run: --run, else
+    the lab's, else the drill's."""
     if not 0 < args.expires <= MAX_SILENCE_MINUTES:
         raise UsageError(f"--expires: minutes in (0, {MAX_SILENCE_MINUTES}] (a week at most), got {args.expires:g}")
     d = Drill(args.state_dir)
-    alertmanager = (args.alertmanager or d.lab.url("alertmanager")).rstrip("/")
     run_id = args.run or _current_run(d)
-    if d.path.exists() and d.load()["run_id"] == run_id:  # the drill's run: the ack is in its timeline
-        with d.locked():  # acks at the same moment: each is kept
+    if not args.comment.strip():
+        raise UsageError("--comment: say what you know so far; an ack records it with the incident")
+    alertmanager = (args.alertmanager or d.lab.url("alertmanager")).rstrip("/")
+    pager = (args.pager or d.lab.url("pager")).rstrip("/")
+    incident = open_incident(pager, args.alert, run_id)
+    silence_id = ""
+    if incident["firing"] and firing_unsilenced(alertmanager, args.alert, run_id):
+        silence_id = silence(alertmanager, args.alert, run_id, args.comment, args.expires)
+    body = {"alert": args.alert, "run_id": run_id, "comment": args.comment, "by": args.by or _who(),
+            "ack_id": uuid.uuid4().hex, "silence": silence_id}  # fmt: skip
+    acked = _post_ack(pager, body)
+    until = f"; silence {silence_id} until {_iso(_now() + 60 * args.expires)}" if silence_id else (
+        "; its alert has resolved, so no silence is needed"
+    )  # fmt: skip
+    print(f"acknowledged {args.alert} for run {run_id}: incident {acked['state']}, "
+          f"{_seconds(time_to_ack(acked))} after its first page{until}")  # fmt: skip
+    if d.path.exists() and d.load()["run_id"] == run_id:  # the drill's record keeps its acks too
+        with d.locked():
             record = d.load()
-            silence_id, comment = silence(alertmanager, args.alert, run_id, args.comment, args.expires)
-            record["acks"].append({"alert": args.alert, "at": _now(), "comment": comment, "silence": silence_id})
+            record["acks"].append({"alert": args.alert, "at": _now(), "comment": args.comment, "silence": silence_id})
             d.save(record)
-            return 0
-    silence(alertmanager, args.alert, run_id, args.comment, args.expires)
     return 0
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no name for this uid (a container's)
+        return f"uid {os.getuid()}"
+
+
+def open_incident(pager: str, alert: str, run_id: str) -> dict:
+    """The run's incident of this alert, if it is open and unacknowledged; else a UsageError saying why."""
+    try:
+        resp = requests.get(f"{pager}/api/incidents", params={"run_id": run_id}, timeout=5)
+        resp.raise_for_status()
+        found = [i for i in resp.json()["incidents"] if i["alert"] == alert]
+    except (requests.RequestException, ValueError, KeyError, TypeError) as err:
+        raise UsageError(f"--pager: {pager} did not answer ({type(err).__name__})") from None
+    if not found:
+        raise UsageError(f"{alert} has no incident for run {run_id}: it has not paged (see `runwatch pager`)")
+    incident = found[0]
+    if incident["acked_at"]:
+        by, at = incident["acked_by"], incident["acked_at"][11:19]
+        raise UsageError(f"{alert} of run {run_id} was already acknowledged by {by} at {at}")
+    return incident
+
+
+def _post_ack(pager: str, body: dict) -> dict:
+    try:
+        resp = requests.post(f"{pager}/api/ack", json=body, timeout=5)
+        answer = resp.json()
+    except (requests.RequestException, ValueError) as err:
+        raise UsageError(f"--pager: {pager} did not answer ({type(err).__name__})") from None
+    if resp.status_code != 200 or not isinstance(answer, dict) or "incident" not in answer:
+        said = answer.get("error") if isinstance(answer, dict) else resp.reason
+        raise UsageError(f"the pager refused the ack: {said}")
+    return answer["incident"]
 
 
 def _current_run(d: Drill) -> str:
     """The lab's run (its lab.json), else the drill's: what an ack without --run is about."""
     meta = d.lab.state / "lab.json"
     if meta.exists():
-        return str(read_json(meta, "the lab's record").get("run_id"))
+        record = read_json(meta, "the lab's record")
+        if record.get("watch"):  # `up --watch`: the runs are the user's job's, and may be several
+            raise UsageError(f"--run: the lab in {d.lab.state} watches a job of yours (up --watch): name its run")
+        return str(record.get("run_id"))
     if d.path.exists():
         return d.load()["run_id"]
     raise UsageError(f"--run: no lab in {d.lab.state} to take the run from; name the run")
 
 
-def silence(alertmanager: str, alert: str, run_id: str, comment: str, minutes: float) -> tuple[str, str]:
-    """Silence alert for run_id in Alertmanager, as tools built on it acknowledge; print and
-    return (the silence's id, its comment). Refused unless the alert fires unsilenced."""
+def silence(alertmanager: str, alert: str, run_id: str, comment: str, minutes: float) -> str:
+    """Silence alert for run_id in Alertmanager for minutes, with the ack's comment; its id."""
+    now = datetime.now(UTC)
+    body = {
+        "matchers": [
+            {"name": "alertname", "value": alert, "isRegex": False, "isEqual": True},
+            {"name": "run_id", "value": run_id, "isRegex": False, "isEqual": True},
+        ],
+        "startsAt": now.isoformat(),
+        "endsAt": (now + timedelta(minutes=minutes)).isoformat(),
+        "createdBy": "runwatch ack",
+        "comment": comment,
+    }
     try:
-        if not firing_in_alertmanager(alert, run_id, alertmanager):
-            raise UsageError(f"{alert} is not firing unacknowledged for run {run_id} (see `runwatch pager`)")
-        now = datetime.now(UTC)
-        body = {
-            "matchers": [
-                {"name": "alertname", "value": alert, "isRegex": False, "isEqual": True},
-                {"name": "run_id", "value": run_id, "isRegex": False, "isEqual": True},
-            ],
-            "startsAt": now.isoformat(),
-            "endsAt": (now + timedelta(minutes=minutes)).isoformat(),
-            "createdBy": "runwatch ack",
-            "comment": comment or f"acknowledged {alert}",
-        }
         resp = requests.post(f"{alertmanager}/api/v2/silences", json=body, timeout=5)
         resp.raise_for_status()
-    except requests.RequestException as err:
+        return str(resp.json()["silenceID"])
+    except (requests.RequestException, ValueError, KeyError) as err:
         raise UsageError(f"--alertmanager: {alertmanager} did not answer ({type(err).__name__})") from None
-    silence_id = resp.json()["silenceID"]
-    print(f"acknowledged {alert} for run {run_id}: silence {silence_id} until {_iso(now.timestamp() + 60 * minutes)}")
-    return silence_id, body["comment"]
 
 
 # --- runwatch diagnose ---
@@ -264,6 +320,10 @@ def _t(page: dict | None) -> float | None:
     return None if page is None else received_time(page)
 
 
+def _acked_at(incident: dict) -> float | None:
+    return received_time({"received_at": incident["acked_at"]}) if incident["acked_at"] else None
+
+
 def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(b - a, 1)
 
@@ -302,7 +362,9 @@ def grade_drill(d: Drill, record: dict, diagnosed: str, step: int | None, rank: 
     healthy = truth["incident"] == "none"
     prometheus = d.lab.url("prometheus")
     onset_at = None if healthy else onset_time(prometheus, record["run_id"], truth["onset"], record["started_at"])
-    acked = min((a["at"] for a in record["acks"]), default=None)
+    # The first ack of any of the run's incidents, as the pager recorded it (the time to ack is
+    # from the first page, whatever the alert did in between)
+    acked = min((t for i in read_incidents(d.lab.page_log, record["run_id"]) if (t := _acked_at(i))), default=None)
     return {
         "run_id": record["run_id"],
         "incident": truth["incident"],
@@ -410,9 +472,16 @@ def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
                 d.lab.url("prometheus"), p, run_id, notification_window_s(d.lab.alertmanager_yml)
             ):
                 what = f"Unconfirmed {what.lower()} (Prometheus was not firing this alert as it came)"
-            events.append((_t(p), f"{what}: {p.get('alert')} (step {p.get('step') or '-'}): {p.get('summary')}"))
-    for a in record["acks"]:
-        events.append((a["at"], f"Acknowledged {a['alert']}: {a['comment']}"))
+            value = p.get("value_at_resolution")
+            measured = f", its rule measuring {value:.3g}" if isinstance(value, float) else ""
+            events.append(
+                (_t(p), f"{what}: {p.get('alert')} (step {p.get('step') or '-'}{measured}): {p.get('summary')}")
+            )
+    for incident in read_incidents(d.lab.page_log, run_id):
+        if (at := _acked_at(incident)) is not None:
+            after = time_to_ack(incident)
+            events.append((at, f"Acknowledged {incident['alert']} by {incident['acked_by']}, "
+                               f"{_seconds(after)} after its first page: {incident['comment']}"))  # fmt: skip
     events.append(
         (record["diagnosis"]["at"], f"Diagnosed as {grade['diagnosed']} ({'correct' if grade['correct'] else 'wrong'})")
     )
@@ -510,11 +579,14 @@ def add_drill(p: argparse.ArgumentParser) -> Command:
 def add_ack(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
     p.add_argument("alert", help="the alert to acknowledge, e.g. TrainingLossJump")
-    p.add_argument("--comment", default="", help="what you know so far")
+    p.add_argument("--comment", default="", help="what you know so far (required: the incident records it)")
+    p.add_argument("--by", default=None, help="who acknowledges (default: your user name)")
     p.add_argument("--expires", type=float, default=30, metavar="MINUTES", help="silence length (default 30)")
-    p.add_argument("--run", default=None, help="the run whose alert to silence (default: the drill's, else the lab's)")
+    p.add_argument("--run", default=None, help="the run whose incident to ack (default: the lab's, else the drill's)")
     p.add_argument("--alertmanager", default=None, metavar="URL",
                    help="Alertmanager to create the silence in (default: the lab's, from its state dir)")  # fmt: skip
+    p.add_argument("--pager", default=None, metavar="URL",
+                   help="the pager that records the ack (default: the lab's, from its state dir)")  # fmt: skip
     return ack
 
 

@@ -29,6 +29,7 @@ from runwatch.core.addresses import DEFAULT_PORTS
 from runwatch.core.command import Command, add_state_dir, number, read_json
 from runwatch.core.paths import Layout
 from runwatch.lab.supervise import Lab, add_ports, up
+from runwatch.lab.watched import check_watch, watch_targets
 from runwatch.prom.checks import evaluation_problems, run_all
 from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.trainer.config import MAX_RANKS, SEED, STEP
@@ -50,7 +51,10 @@ def run_state(lab: Lab) -> str | None:
     meta = lab.state / "lab.json"
     if not meta.exists():
         return None
-    run_id = str(read_json(meta, "the lab's record").get("run_id"))
+    record = read_json(meta, "the lab's record")
+    if record.get("watch"):  # `up --watch`: the job is the user's, and names its own runs
+        return f"watching {', '.join(map(str, record['watch']))}: your job's runs are in the console"
+    run_id = str(record.get("run_id"))
     run_json = lab.runs / run_id / "run.json"
     run = read_json(run_json, "the run's record") if run_json.exists() else {}
     if run.get("status") in (None, "running"):
@@ -144,7 +148,11 @@ def _reload(lab: Lab, name: str, timeout: float = 10) -> bool:
 
 def add_up(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
-    p.add_argument("--incident", default="none", help="incident for the trainer, or random for a drill")
+    p.add_argument(
+        "--incident",
+        default="none",
+        help="incident for the trainer (INCIDENT:STRENGTH for a smaller one), or random for a drill",
+    )
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--onset", type=STEP, default=None)
     p.add_argument("--fast-forward", type=STEP, default=0, metavar="STEP")
@@ -156,7 +164,17 @@ def add_up(p: argparse.ArgumentParser) -> Command:
         help=f"data-parallel ranks under MPI, rank r scraped on :{DEFAULT_PORTS['ranks']}+r (a cluster incident: 2+)",
     )  # fmt: skip
     add_ports(p)
+    p.add_argument(
+        "--watch", type=watch_targets, default=None, metavar="HOST:PORT[,...]|FILE",
+        help="watch your own job (runwatch.watch) instead of starting the lab's trainer: its addresses, or a file "
+        "of them, one a line",
+    )  # fmt: skip
     p.add_argument("--detach", action="store_true", help="return once everything is ready")
+    p.add_argument(
+        "--no-wait-for-prometheus", action="store_true",
+        help="the lab's clock runs on while Prometheus is away, as a real job's does (default: it waits, "
+        "and holds the incident's onset until the alerts' baselines are recorded)",
+    )  # fmt: skip
     p.add_argument("--drill-seed", type=SEED, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--root",
@@ -164,7 +182,13 @@ def add_up(p: argparse.ArgumentParser) -> Command:
         default=None,
         help="configuration to run (default: the one `runwatch check` names)",
     )
-    return up
+    return up_or_watch
+
+
+def up_or_watch(args: argparse.Namespace) -> int:
+    if args.watch:
+        check_watch(args)
+    return up(args)
 
 
 def add_simple(fn: Command) -> Callable[[argparse.ArgumentParser], Command]:

@@ -46,7 +46,7 @@ from runwatch.core.paths import Layout
 from runwatch.drill.answer import answer_path, seal_answer
 from runwatch.prom.server import free_port, free_ports_in_a_row, port_is_free, prometheus_argv, wait_ready
 from runwatch.prom.tools import binary
-from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, TrainConfig, draw_drill
+from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, TrainConfig, draw_drill, parse_incident
 
 # Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
 # where a learner's browser reaches each server, natively and through compose's published ports,
@@ -210,8 +210,11 @@ class Lab:
     def components(self, args: argparse.Namespace, run_id: str) -> list[Component]:
         """What `up` starts, in order: the trainer (and a healthy control), the pager,
         Alertmanager, Prometheus, which scrapes and alerts on the others, then the console,
-        which reads them all."""
-        comps = [self._trainer(args, run_id), self._pager(), self._alertmanager(), self._prometheus(), self._console()]
+        which reads them all. With `--watch` no trainer: the user's job is scraped instead."""
+        comps = [self._pager(), self._alertmanager(), self._prometheus(), self._console()]
+        if getattr(args, "watch", None):  # `up --watch`: the user's job is the trainer (runwatch.lab.watched)
+            return comps
+        comps.insert(0, self._trainer(args, run_id))
         if args.control:
             comps.insert(1, self._control(args, run_id))
         return comps
@@ -220,16 +223,17 @@ class Lab:
         url = self.url(name)
         return Component(name, argv, f"{url}/-/ready", f"{url}{path}")
 
-    def _train_argv(self, run_id: str, seed: int | None, port: int, fast_forward: int) -> list[str]:
-        """seed None: a drill's, which the trainer reads from its sealed answer, never from argv."""
-        argv = [*PY, "train", *(["--seed", str(seed)] if seed is not None else []), "--run-id", run_id]
-        argv += ["--port", str(port)]
-        argv += ["--run-dir", str(self.runs / run_id), "--wait-for-prometheus"]
-        return argv + (["--fast-forward", str(fast_forward)] if fast_forward else [])
+    def _train_argv(self, args: argparse.Namespace, run_id: str, port: int, drill: bool = False) -> list[str]:
+        # A drill's seed is read from its sealed answer, never from argv (a replay of it would name the onset).
+        seed = [] if drill else ["--seed", str(args.seed)]
+        argv = [*PY, "train", *seed, "--run-id", run_id, "--port", str(port)]
+        argv += ["--run-dir", str(self.runs / run_id)]
+        if not args.no_wait_for_prometheus:  # the lab's clock waits for Prometheus (trainer.live)
+            argv += ["--wait-for-prometheus", "--prometheus", self.url("prometheus")]
+        return argv + (["--fast-forward", str(args.fast_forward)] if args.fast_forward else [])
 
     def _trainer(self, args: argparse.Namespace, run_id: str) -> Component:
-        seed = None if args.incident == "random" else args.seed
-        argv = self._train_argv(run_id, seed, self.ports["trainer"], args.fast_forward)
+        argv = self._train_argv(args, run_id, self.ports["trainer"], drill=args.incident == "random")
         argv += ["--incident", args.incident, "--precision", args.precision]
         if args.onset is not None:
             argv += ["--onset", str(args.onset)]
@@ -243,7 +247,7 @@ class Lab:
     def _control(self, args: argparse.Namespace, run_id: str) -> Component:
         """A healthy run of the same seed beside the incident's, on its own port."""
         control_id = f"none-{args.seed}-control-{run_id.rsplit('-', 1)[-1]}"
-        argv = self._train_argv(control_id, args.seed, self.ports["control"], args.fast_forward)
+        argv = self._train_argv(args, control_id, self.ports["control"])
         return self._serving("control", argv, "/metrics")
 
     def _pager(self) -> Component:
@@ -463,15 +467,18 @@ def add_ports(p: argparse.ArgumentParser) -> None:
 
 def check_run(args: argparse.Namespace) -> None:
     """Refuse, before anything starts, a run the trainer would refuse once started."""
-    if args.incident not in (*INCIDENTS, *CLUSTER_INCIDENTS, "random"):
+    try:
+        name, strength = ("none", 1.0) if args.incident == "random" else parse_incident(args.incident)
+    except ConfigError as err:
+        raise UsageError(f"--incident: {err.problem}") from None
+    if name not in (*INCIDENTS, *CLUSTER_INCIDENTS, "none"):
         known = ", ".join((*INCIDENTS, *CLUSTER_INCIDENTS))
         raise UsageError(f"--incident: unknown incident {args.incident!r}; choose one of {known}, random")
-    incident = "none" if args.incident == "random" else args.incident
-    cfg = TrainConfig(incident=incident, seed=args.seed, precision=args.precision, ranks=args.ranks)
+    cfg = TrainConfig(incident=name, strength=strength, seed=args.seed, precision=args.precision, ranks=args.ranks)
     try:
         dataclasses.replace(cfg, onset=cfg.onset if args.onset is None else args.onset).validate()
     except ConfigError as err:
-        raise config_error(err) from None
+        raise (UsageError(f"--incident: {err.problem}") if err.field == "strength" else config_error(err)) from None
 
 
 def up(args: argparse.Namespace) -> int:
@@ -483,7 +490,8 @@ def up(args: argparse.Namespace) -> int:
         signal.signal(sig, _Interrupts.handle)
     with lab.locked(wait=False):
         run_id = start_lab(lab, args)
-    print(f"run {run_id}: pages with `runwatch pager --follow --log {lab.page_log}`; stop with `runwatch down`")
+    what = f"run {run_id}" if run_id else f"watching {', '.join(args.watch)}"
+    print(f"{what}: pages with `runwatch pager --follow --log {lab.page_log}`; stop with `runwatch down`")
     if args.detach:
         return 0
     try:
@@ -496,14 +504,16 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_lab(lab: Lab, args: argparse.Namespace) -> str:
+def start_lab(lab: Lab, args: argparse.Namespace) -> str | None:
     """Start every component in order, under the lab's lock; on any failure stop what started."""
     running = [n for n, r in lab.records().items() if lab.alive(r)]
     if running:
         raise UsageError(f"a lab is already running in {lab.state} ({', '.join(running)}): `runwatch down` first")
     from runwatch.trainer.live import unique_run_id  # the trainer's, and numpy: `up` alone needs them
 
-    run_id = unique_run_id("drill" if args.incident == "random" else f"{args.incident}-{args.seed}")
+    watched = getattr(args, "watch", None)  # the user's job serves its own run id (runwatch.watch)
+    label = "drill" if args.incident == "random" else f"{args.incident}-{args.seed}"
+    run_id = None if watched else unique_run_id(label)
     lab.ports = ports = choose_ports(args.ports, args.ranks)
     comps = lab.components(args, run_id)  # finds the binaries first: a missing one says what to install
     for comp in comps:
@@ -517,7 +527,8 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
     for stale in lab.records():
         (lab.pids / f"{stale}.json").unlink()
     lab.link_config()
-    lab.write_target("trainer", [lab.address("trainer")] + ([lab.address("control")] if args.control else []))
+    trainers = watched or [lab.address("trainer")] + ([lab.address("control")] if args.control else [])
+    lab.write_target("trainer", trainers)
     cluster = args.ranks > 1
     lab.write_groups("ranks", rank_targets(run_id, args.ranks, ports["ranks"]) if cluster else [])
     lab.write_target("launcher", [lab.address("launcher")] if cluster else [])
@@ -529,12 +540,18 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str:
     # every command that talks to this lab finds it (runwatch.core.addresses)
     urls = {name: lab.url(name) for name in ports}
     record = {"run_id": run_id, "root": str(lab.layout.root), "started_at": time.time(), "urls": urls}
+    if watched:
+        record["watch"] = watched
     write_atomic(lab.state / "lab.json", json.dumps(record) + "\n")
     print(f"console: {lab.url('console')}/ (the run, its pages and runbooks, ack and diagnose)", flush=True)
     try:
         for comp in comps:
             lab.start(comp)
             print(f"  {comp.name:13s} {comp.url}", flush=True)
+        for rank in range(args.ranks if cluster else 0):  # the trainer's ranks and launcher: targets of their own
+            print(f"  {f'rank {rank}':13s} {url_at(ports['ranks'] + rank)}/metrics", flush=True)
+        if cluster:
+            print(f"  {'launcher':13s} {lab.url('launcher')}/metrics", flush=True)
         for comp in comps:  # one that answered and then died (a trainer that failed on its first step)
             if not lab.alive(lab.records().get(comp.name, {})):
                 raise UsageError(f"{comp.name} exited during start: {lab.log_tail(comp.name)}")

@@ -3,7 +3,9 @@ prints them, `runwatch reload` refuses an edit that fails one.
 
 promtool's output is kept once: a line it repeats (one parse error is reported again for every
 rule file a config loads and every test group) is yielded the first time only, and the unit
-tests are skipped while the rules do not load.
+tests are skipped while the rules do not load. A failing unit test comes first as what to
+change: its file, its alert (or expression), its time and the exact difference between what
+the test expects and what the rules give; promtool's own output follows, whole.
 """
 
 from __future__ import annotations
@@ -44,6 +46,80 @@ MISSING_TARGETS = re.compile(r'WARNING: file "[^"]*targets/[^"]*" for file_sd in
 STRUCTURE = re.compile(r"(Checking |Unit Testing: |FAILED:|SUCCESS)")
 
 
+_CASE = re.compile(r'^\s*(?:alertname: (?P<alert>\S+)|expr: (?P<expr>".*")), time: (?P<time>[^,]+),')
+_SAMPLE = re.compile(r"^\s*(?P<side>exp|got): (?P<labels>\{.*?\})? ?(?P<value>\S+)?$")
+_PAIR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _labels(text: str) -> dict[str, str]:
+    return dict(_PAIR.findall(text))
+
+
+def _show(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def test_failures(output: str) -> list[str]:
+    """One line per difference in promtool's output for one test file: "ALERT at TIME: what
+    differs". For an alert, each expected alert missing, each unexpected one, and each annotation
+    whose text differs; for an expression, each sample's value.
+
+    >>> test_failures('''  FAILED:
+    ...     expr: "up", time: 1m4s,
+    ...         exp: {__name__="up"} 6.5E+01
+    ...         got: {__name__="up"} 6.4E+01''')
+    ['expression "up" at 1m4s: {__name__="up"}: exp 6.5E+01, got 6.4E+01']
+    """
+    found: list[str] = []
+    case, side = "", ""
+    sides: dict[str, list[dict[str, dict[str, str]]]] = {}
+
+    def flush() -> None:
+        if case and sides:
+            found.extend(f"{case}: {d}" for d in _differences(sides.get("exp", []), sides.get("got", [])))
+
+    for line in output.splitlines():
+        text = line.strip()
+        if m := _CASE.match(line):
+            flush()
+            what = f"{m['alert']}" if m["alert"] else f"expression {m['expr']}"
+            case, side, sides = f"{what} at {m['time']}", "", {}
+        elif text.startswith(("exp:[", "got:[")):
+            side = text[:3]
+            sides[side] = []
+        elif text.startswith("Labels:{") and side:
+            sides[side].append({"labels": _labels(text), "annotations": {}})
+        elif text.startswith("Annotations:{") and side and sides[side]:
+            sides[side][-1]["annotations"] = _labels(text)
+        elif (m := _SAMPLE.match(line)) and case.startswith("expression"):
+            sides.setdefault(m["side"], []).append(
+                {"labels": _labels(m["labels"] or ""), "annotations": {"value": m["value"] or ""}}
+            )
+    flush()
+    return found
+
+
+def _differences(exp: list[dict], got: list[dict]) -> list[str]:
+    out = []
+    got_by = {_show(g["labels"]): g for g in got}
+    exp_by = {_show(e["labels"]): e for e in exp}
+    for key, e in exp_by.items():
+        g = got_by.get(key)
+        if g is None:
+            out.append(f"expected {key}, which the rules do not give")
+            continue
+        for name in sorted(set(e["annotations"]) | set(g["annotations"])):
+            a, b = e["annotations"].get(name), g["annotations"].get(name)
+            if a != b:
+                what = "value" if name == "value" and "value" in g["annotations"] else f"annotation {name}"
+                shown = [repr(x) if x is not None else "(none)" for x in (a, b)] if what != "value" else [a, b]
+                out.append(
+                    f"{key}: {what}: exp {shown[0]}, got {shown[1]}" if what != "value" else f"{key}: exp {a}, got {b}"
+                )
+    out += [f"got {key}, which the test does not expect" for key in got_by if key not in exp_by]
+    return out
+
+
 def run_check(check: Check, cwd: Path) -> tuple[bool, str]:
     proc = run_tool(check.argv, cwd=cwd)
     return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
@@ -61,6 +137,12 @@ def run_all(layout: Layout) -> Iterator[tuple[Check, bool | None, list[str]]]:
         if check.name == TEST_RULES and not rules_load:
             yield check, None, ["skipped: the rules do not load (above)"]
             continue
+        if check.name == TEST_RULES:  # one file at a time: promtool 3 names no file in its output
+            each = [(f, *run_check(_one_file(check, f), layout.root)) for f in check.files]
+            ok = all(passed for _, passed, _ in each)
+            passed = [line for _, _, out in each for line in out.splitlines() if line.strip()]  # for --verbose
+            yield check, ok, passed if ok else _test_report(layout.root, each)
+            continue
         ok, output = run_check(check, layout.root)
         rules_load = rules_load and (ok or check.name != "promtool check rules")
         lines, repeated = [], 0
@@ -76,6 +158,26 @@ def run_all(layout: Layout) -> Iterator[tuple[Check, bool | None, list[str]]]:
         if repeated:
             lines.append(f"({repeated} line{'s' * (repeated > 1)} shown above, not repeated)")
         yield check, ok, lines
+
+
+def _one_file(check: Check, test_file: Path) -> Check:
+    return Check(check.name, [*check.argv[:3], str(test_file)], [test_file])
+
+
+def _test_report(cwd: Path, each: list[tuple[Path, bool, str]]) -> list[str]:
+    """A failed `promtool test rules`: each failing case first, with its file, then promtool's
+    output for the failing files, its SUCCESS lines left out and nothing else (every label of
+    `got` is what to compare)."""
+    first, raw = [], []
+    for test_file, ok, output in each:
+        if ok:
+            continue
+        where = str(test_file.relative_to(cwd)) if test_file.is_relative_to(cwd) else str(test_file)
+        first += [f"{where}: {case}" for case in test_failures(output)] or [
+            f"{where}: failed (promtool's output below)"
+        ]
+        raw += [f"{where}:", *(line for line in output.splitlines() if line.strip() and line.strip() != "SUCCESS")]
+    return [*first, "promtool's output:", *raw]
 
 
 # --- after a reload: what only a running Prometheus can say ---

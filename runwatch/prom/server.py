@@ -13,11 +13,12 @@ import json
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import requests
 
-from runwatch.core.names import LOOPBACK
+from runwatch.core.names import BASELINES_READY, LOOPBACK, SCRAPE_INTERVAL_S
 
 
 class ProcessError(RuntimeError):
@@ -125,8 +126,8 @@ class PromQLError(RuntimeError):
     """Prometheus refused a query; the message is Prometheus's."""
 
 
-def _api(base: str, path: str, params: dict) -> dict:
-    resp = requests.post(f"{base}/api/v1/{path}", data=params, timeout=120)
+def _api(base: str, path: str, params: dict, timeout: float = 120) -> dict:
+    resp = requests.post(f"{base}/api/v1/{path}", data=params, timeout=timeout)
     body = resp.json()
     if body.get("status") != "success":
         raise PromQLError(
@@ -150,8 +151,24 @@ def query_range(base: str, query: str, start: float, end: float, step: float = 1
     return _api(base, "query_range", {"query": query, "start": start, "end": end, "step": step})["result"]
 
 
-def instant(base: str, query: str, time_: float | None = None) -> list[dict]:
+def instant(base: str, query: str, time_: float | None = None, timeout: float = 120) -> list[dict]:
     params = {"query": query}
     if time_ is not None:
         params["time"] = time_
-    return _api(base, "query", params)["result"]
+    return _api(base, "query", params, timeout)["result"]
+
+
+def baselines_ready(base: str, run_id: str) -> Callable[[], bool]:
+    """Asks Prometheus at `base` whether it records every baseline the alerts compare with for
+    run_id (the BASELINES_READY rule, baselines.yml, says which): the live trainer's onset
+    waits for it (trainer.live). A Prometheus that does not answer within a scrape interval
+    is as good as one without the baselines."""
+    query = f'{BASELINES_READY}{{run_id="{run_id}"}}'
+
+    def ready() -> bool:
+        try:
+            return bool(instant(base, query, timeout=SCRAPE_INTERVAL_S))
+        except (requests.RequestException, ValueError, PromQLError):
+            return False
+
+    return ready

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from runwatch.core.command import UsageError
 from runwatch.core.files import write_atomic
+from runwatch.core.names import FIRST_FIRED, FIRST_FIRED_RANKS
 from runwatch.core.paths import Layout
 from runwatch.prom.server import instant, query_range, quoted
 from runwatch.readouts import dashboard_queries as dq
@@ -83,6 +84,11 @@ def collect(base: str, run_id: str, since_s: float, now: float | None = None) ->
                     if round(float(t), 3) in step_at
                 ]
                 data.series.setdefault(key, {})[q.legend] = pts
+    # Every other alert that fired in the run (the cluster's, ActivationNormSpike, ...), from the
+    # same first-fire records: the panel names only the plate's own, with a dash for "never"
+    for name in (FIRST_FIRED, FIRST_FIRED_RANKS):
+        for series in instant(base, f'last_over_time({name}{{run_id="{run_id}"}}[{math.ceil(end - start)}s])', end):
+            data.readouts.setdefault(series["metric"].get("alertname", ""), int(float(series["value"][1])))
     for q in (q for q in queries if q.kind == "annotation" and q.title == "Incident window"):
         for series in dq.run(base, q, variables, start, end):
             active = sorted({step_at[round(float(t), 3)] for t, _ in series["values"] if round(float(t), 3) in step_at})

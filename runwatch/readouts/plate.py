@@ -38,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--prometheus: {base} is not answering ({type(err).__name__})") from None
     try:
         lab_json = args.state_dir / "lab.json"
-        run_id = args.run or (json.loads(lab_json.read_text())["run_id"] if lab_json.exists() else latest_run(base))
+        # a lab that watches a job of the user's (`up --watch`) records no run of its own: the newest
+        run_id = args.run or (json.loads(lab_json.read_text())["run_id"] if lab_json.exists() else None)
+        run_id = run_id or latest_run(base)
         data = collect(base, run_id, args.since * 60)
     except PromQLError as err:
         raise UsageError(f"--prometheus: {err}") from None

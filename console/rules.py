@@ -1,0 +1,442 @@
+"""The console's Rules page: every alert of the lab's rule files, and the workbench for one of
+them (its expression, its `for:` and its threshold edited in a PromQL editor, then backtested,
+then applied).
+
+- **Backtest** runs `runwatch backtest` over a copy of the lab's rules with the edit, with a
+  sweep of the edited alert around the edited value, and shows its tables and its plot.
+- **Apply** checks a copy of the lab's configuration with the edit as `runwatch reload` checks
+  it (`runwatch check --root COPY`: promtool check rules and config, the promtool unit tests,
+  amtool). If a check fails, it shows promtool's message and writes nothing. Otherwise it keeps
+  the file's previous version beside it (`alerts.yml.previous`, which Prometheus does not load),
+  writes the edited file atomically and runs `runwatch reload`.
+
+The file is edited line by line: only the edited rule's `expr:` (written as a literal block),
+its `for:` line and its threshold recording's `expr:` change, and every comment stays. The
+result is parsed back and must equal the old file with exactly that edit, or nothing is written.
+
+The editor is CodeMirror with codemirror-promql (static/vendor/promql-editor.js, `make
+console-editor`); its completion reads the lab's metric names through /rules/prometheus/, a
+read-only pass-through of a few of Prometheus's metadata endpoints, so the page's CSP stays
+'self'. Nothing here decides what an alert does: promtool checks, Prometheus evaluates.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+import textwrap
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from runwatch.core.files import write_atomic
+from runwatch.core.paths import Layout
+
+THRESHOLD = "alert:runwatch_threshold:ratio"  # alerts.yml: one recording per alert, labelled alertname
+ALERT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DURATION = re.compile(r"(?:\d+(?:ms|s|m|h|d|w|y))+")
+NUMBER = re.compile(r"\d*\.?\d+(?:[eE][-+]?\d+)?")
+SEEDS = re.compile(r"\d{1,4}(?:-\d{1,4})?")
+STRENGTHS = re.compile(r"\d*\.?\d+-\d*\.?\d+|\d*\.?\d+(?:,\d*\.?\d+)*")
+MAX_EDIT_EXPR = 4000  # characters: far more than any rule here, little enough to refuse a paste gone wrong
+BACKTEST_TIMEOUT_S = 600  # a cold backtest of 100 seeds is 10 s quiet, a minute on a loaded machine
+KEPT_PLOTS = 20
+PROXIED = re.compile(r"labels|label/[A-Za-z_][A-Za-z0-9_]*/values|series|metadata")
+# the sweep a Backtest draws around the edited value: below and above it
+THRESHOLD_FACTORS = (0.6, 0.8, 0.9, 1.1, 1.25, 1.5)
+FOR_STEPS_S = (-10, -5, 5, 10, 20)
+
+
+class EditError(ValueError):
+    """An edit the console cannot make: the message says which field and why."""
+
+
+@dataclass
+class Alert:
+    name: str
+    file: Path
+    group: str
+    expr: str
+    hold: str  # its for:, "" for none
+    severity: str
+    runbook: str
+    threshold: str | None  # its threshold recording's value when that is vector(N)
+
+
+def rules_root(console: Any) -> Layout:
+    """The configuration the lab runs: its lab.json's root, else the one `runwatch check` finds."""
+    state = console.sources.state_dir
+    if state is not None and (state / "lab.json").is_file():
+        return Layout(Path(json.loads((state / "lab.json").read_text())["root"]))
+    return Layout()
+
+
+def alerts_of(layout: Layout) -> list[Alert]:
+    """Every alert of the rule files, in file order, with its threshold when it reads one."""
+    out: list[Alert] = []
+    for path in layout.rule_files():
+        doc = yaml.safe_load(path.read_text()) or {}
+        rules = [(g.get("name", ""), r) for g in doc.get("groups", []) for r in g.get("rules", [])]
+        values = {}
+        for _, r in rules:
+            if r.get("record") == THRESHOLD and (r.get("labels") or {}).get("alertname"):
+                m = re.fullmatch(rf"\s*vector\(\s*({NUMBER.pattern})\s*\)\s*", str(r["expr"]))
+                values[r["labels"]["alertname"]] = m[1] if m else None
+        for group, r in rules:
+            if "alert" in r:
+                out.append(Alert(
+                    r["alert"], path, group, str(r["expr"]).strip(), str(r.get("for", "")),
+                    str((r.get("labels") or {}).get("severity", "")),
+                    str((r.get("annotations") or {}).get("runbook_url", "")), values.get(r["alert"]),
+                ))  # fmt: skip
+    return out
+
+
+# --- editing a rule file, line by line ---
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _block(lines: list[str], start: int) -> int:
+    """The end (exclusive) of the list item `- ...` that starts at line `start`."""
+    dash = _indent(lines[start])
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or _indent(lines[end]) > dash):
+        end += 1
+    while end > start + 1 and not lines[end - 1].strip():  # blank lines after it belong to no one
+        end -= 1
+    return end
+
+
+def _key(lines: list[str], start: int, end: int, key: str, indent: int) -> tuple[int, int] | None:
+    """[first, last) lines of `key:` at this indent in lines[start:end], its value's lines included."""
+    for i in range(start, end):
+        if _indent(lines[i]) == indent and re.match(rf"\s*(- )?{re.escape(key)}:", lines[i]):
+            j = i + 1
+            while j < end and (not lines[j].strip() or _indent(lines[j]) > indent):
+                j += 1
+            while j > i + 1 and not lines[j - 1].strip():
+                j -= 1
+            return i, j
+    return None
+
+
+def edit_text(text: str, alert: str, expr: str | None, hold: str | None, threshold: str | None) -> str:
+    """The rule file's text with the alert's expr, for: and threshold set (None: left as is; a
+    hold of "": no for:). Raises EditError if the result does not parse back to exactly that."""
+    lines = text.split("\n")
+    starts = [i for i, line in enumerate(lines) if re.fullmatch(rf"\s*- alert:\s*{re.escape(alert)}\s*", line)]
+    if len(starts) != 1:
+        raise EditError(f"alert: {alert} is not written once as `- alert: {alert}` in the file")
+    start = starts[0]
+    end, key = _block(lines, start), _indent(lines[start]) + 2
+    edits: list[tuple[int, int, list[str]]] = []  # [first, last) lines replaced by these
+    found = _key(lines, start, end, "expr", key)
+    if found is None:
+        raise EditError(f"expr: {alert} has no expr: line the console can find")
+    if expr is not None:
+        body = textwrap.dedent(expr.replace("\r\n", "\n").replace("\r", "\n")).strip("\n")
+        body_lines = [line.rstrip() for line in body.split("\n")]
+        edits.append(
+            (found[0], found[1], [" " * key + "expr: |-", *(" " * (key + 2) + b if b else "" for b in body_lines)])
+        )
+    if hold is not None:
+        at = _key(lines, start, end, "for", key)
+        new = [" " * key + f"for: {hold}"] if hold else []
+        edits.append((at[0], at[1], new) if at else (found[1], found[1], new))
+    if threshold is not None:
+        edits.append(_threshold_edit(lines, alert, threshold))
+    for first, last, new in sorted(edits, key=lambda e: -e[0]):  # from the end: earlier lines keep their place
+        lines[first:last] = new
+    edited = "\n".join(lines)
+    _same_but(text, edited, alert, expr, hold, threshold)
+    return edited
+
+
+def _threshold_edit(lines: list[str], alert: str, value: str) -> tuple[int, int, list[str]]:
+    for i, line in enumerate(lines):
+        if re.fullmatch(rf"\s*- record:\s*{re.escape(THRESHOLD)}\s*", line):
+            end, key = _block(lines, i), _indent(line) + 2
+            if any(re.fullmatch(rf"\s*alertname:\s*{re.escape(alert)}\s*", x) for x in lines[i:end]):
+                at = _key(lines, i, end, "expr", key)
+                if at is not None:
+                    return at[0], at[1], [" " * key + f"expr: vector({value})"]
+    raise EditError(f'threshold: the file records no {THRESHOLD}{{alertname="{alert}"}} to set')
+
+
+def _same_but(old: str, new: str, alert: str, expr: str | None, hold: str | None, threshold: str | None) -> None:
+    """The edited file must parse to the old one with exactly the edit made."""
+    try:
+        before, after = yaml.safe_load(old), yaml.safe_load(new)
+    except yaml.YAMLError as err:
+        raise EditError(f"the edit does not parse as YAML: {err}") from None
+    for group in before.get("groups", []):
+        for rule in group.get("rules", []):
+            if rule.get("alert") == alert:
+                if expr is not None:
+                    rule["expr"] = textwrap.dedent(expr.replace("\r\n", "\n").replace("\r", "\n")).strip("\n")
+                    rule["expr"] = "\n".join(line.rstrip() for line in rule["expr"].split("\n"))
+                if hold is not None:
+                    rule.pop("for", None)
+                    if hold:
+                        rule["for"] = hold
+            if rule.get("record") == THRESHOLD and (rule.get("labels") or {}).get("alertname") == alert:
+                if threshold is not None:
+                    rule["expr"] = f"vector({threshold})"
+    if after != before:
+        raise EditError("the console cannot make this edit in place (the file's layout); edit the file itself")
+
+
+# --- the edit, as the form sends it ---
+
+
+@dataclass
+class Edit:
+    alert: Alert
+    expr: str | None
+    hold: str | None
+    threshold: str | None
+
+    @classmethod
+    def of(cls, alert: Alert, form: dict[str, str]) -> Edit:
+        expr = form.get("expr", "").replace("\r\n", "\n")
+        if not expr.strip():
+            raise EditError("expr: an alert needs an expression")
+        if len(expr) > MAX_EDIT_EXPR or "\0" in expr:
+            raise EditError(f"expr: at most {MAX_EDIT_EXPR} characters of text")
+        hold = form.get("for", "").strip()
+        if hold and not DURATION.fullmatch(hold):
+            raise EditError(f"for: a duration such as 10s or 1m, or empty for none, got {hold!r}")
+        threshold = form.get("threshold", "").strip() or None
+        if threshold is not None and alert.threshold is None:
+            raise EditError(f"threshold: {alert.name} reads no threshold recording of its own")
+        if threshold is not None and not NUMBER.fullmatch(threshold):
+            raise EditError(f"threshold: a number such as 2 or 1.5, got {threshold!r}")
+        return cls(
+            alert,
+            None if expr.strip() == alert.expr.strip() else expr,
+            None if hold == alert.hold else hold,
+            None if threshold == alert.threshold else threshold,
+        )
+
+    def text(self) -> tuple[str, str]:
+        """(the file's text now, its text with the edit)."""
+        old = self.alert.file.read_text()
+        return old, edit_text(old, self.alert.name, self.expr, self.hold, self.threshold)
+
+    def sweep(self) -> str:
+        """A sweep of the edited alert around the edited value: its threshold's, else its for:'s."""
+        name = self.alert.name
+        reads = f'{THRESHOLD}{{alertname="{name}"}}' in re.sub(r"\s+", "", self.expr or self.alert.expr)
+        if (self.threshold or self.alert.threshold) is not None and reads:
+            t = float(self.threshold or self.alert.threshold)
+            return f"{name}=" + ",".join(sorted({f"{t * f:.3g}" for f in THRESHOLD_FACTORS}, key=float))
+        hold = self.hold if self.hold is not None else self.alert.hold
+        seconds = _seconds(hold or "0s")
+        values = sorted({max(0, seconds + d) for d in FOR_STEPS_S} - {seconds})
+        return f"{name}.for=" + ",".join(f"{v}s" for v in values)
+
+
+def _seconds(text: str) -> int:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    return int(sum(int(n) * units[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", text)))
+
+
+# --- the pages ---
+
+
+class Workbench:
+    """The Rules page's state: one apply at a time, and the plots of recent backtests."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.plots = Path(tempfile.mkdtemp(prefix="runwatch-console-plots-"))
+
+    def plot_name(self) -> str:
+        kept = sorted(self.plots.glob("*.png"), key=lambda p: p.stat().st_mtime)
+        for old in kept[:-KEPT_PLOTS]:
+            old.unlink(missing_ok=True)
+        return f"sweep-{secrets.token_hex(8)}.png"
+
+
+def _workbench(request: Request) -> Workbench:
+    state = request.app.state
+    if not hasattr(state, "workbench"):
+        state.workbench = Workbench()
+    return state.workbench
+
+
+def _run(console: Any, *args: str, timeout: float, progress: bool = True) -> tuple[int, str]:
+    """`runwatch ARGS` as the console runs its commands; (exit status, what it printed). Without
+    `progress`, a command that succeeded shows its stdout only (a backtest's report, not its
+    progress lines)."""
+    try:
+        proc = subprocess.run([*console.runwatch, *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 1, f"runwatch {args[0]} did not finish in {timeout:g} s"
+    shown = proc.stdout if proc.returncode == 0 and not progress else proc.stdout + proc.stderr
+    return proc.returncode, shown.strip()
+
+
+def _console(request: Request) -> Any:
+    """The app's Console (console.app, which imports this module's routes)."""
+    return request.app.state.console
+
+
+async def _form(console: Any, request: Request) -> dict[str, str] | Response:
+    """The POSTed form, or the response that refuses it: console.app's own checks of the
+    console's token and the request's origin (make_app puts them in app.state.form)."""
+    return await request.app.state.form(console, request)
+
+
+def _find(request: Request) -> tuple[Any, Layout, Alert | None]:
+    console = _console(request)
+    layout = rules_root(console)
+    name = request.path_params.get("alert", "")
+    alert = next((a for a in alerts_of(layout) if a.name == name), None) if ALERT.fullmatch(name) else None
+    return console, layout, alert
+
+
+def rules_page(request: Request) -> Response:
+    console = _console(request)
+    layout = rules_root(console)
+    return console.render("rules.html", alerts=alerts_of(layout), root=layout.rules_dir)
+
+
+def rule_page(request: Request) -> Response:
+    console, layout, alert = _find(request)
+    if alert is None:
+        return PlainTextResponse(f"404 no alert {request.path_params['alert']!r} in {layout.rules_dir}\n", 404)
+    return _render(console, layout, alert, {})
+
+
+def _render(console: Any, layout: Layout, alert: Alert, extra: dict, status: int = 200) -> Response:
+    form = {"expr": alert.expr, "for": alert.hold, "threshold": alert.threshold or "", "seeds": "100-199",
+            "strengths": "0.05-1", **extra.pop("form", {})}  # fmt: skip
+    return console.render("rule.html", status=status, alert=alert, form=form, file=alert.file.name,
+                          root=layout.rules_dir, **extra)  # fmt: skip
+
+
+async def backtest(request: Request) -> Response:
+    console, layout, alert = _find(request)
+    if alert is None:
+        return PlainTextResponse("404 no such alert\n", 404)
+    form = await _form(console, request)
+    if isinstance(form, Response):
+        return form
+    shown = {k: form.get(k, "") for k in ("expr", "for", "threshold", "seeds", "strengths")}
+    try:
+        edit = Edit.of(alert, form)
+        _, text = edit.text()
+        seeds, strengths = form.get("seeds", "").strip() or "100-199", form.get("strengths", "").strip()
+        if not SEEDS.fullmatch(seeds):
+            raise EditError(f"seeds: a range such as 100-199, got {seeds!r}")
+        if strengths and not STRENGTHS.fullmatch(strengths):
+            raise EditError(f"strengths: a range such as 0.05-1 or a list such as 0.1,0.5,1, got {strengths!r}")
+    except EditError as err:
+        return _render(console, layout, alert, {"form": shown, "problem": str(err)}, 400)
+    bench = _workbench(request)
+    plot = bench.plot_name()
+    with tempfile.TemporaryDirectory(prefix="runwatch-console-backtest-") as tmp:
+        rules = Path(tmp) / "rules"
+        shutil.copytree(layout.rules_dir, rules, ignore=shutil.ignore_patterns("*.previous"))
+        (rules / alert.file.name).write_text(text)
+        args = ["backtest", f"--rules={rules}", f"--seeds={seeds}", f"--sweep={edit.sweep()}",
+                f"--plot={bench.plots / plot}", *([f"--strengths={strengths}"] if strengths else [])]  # fmt: skip
+        code, said = await run_in_threadpool(_run, console, *args, timeout=BACKTEST_TIMEOUT_S, progress=False)
+    result = {"form": shown, "backtest": said, "ok": code == 0, "plot": plot if code == 0 else None,
+              "sweep": edit.sweep()}  # fmt: skip
+    return _render(console, layout, alert, result, 200 if code == 0 else 400)
+
+
+async def apply(request: Request) -> Response:
+    console, layout, alert = _find(request)
+    if alert is None:
+        return PlainTextResponse("404 no such alert\n", 404)
+    form = await _form(console, request)
+    if isinstance(form, Response):
+        return form
+    shown = {k: form.get(k, "") for k in ("expr", "for", "threshold", "seeds", "strengths")}
+    try:
+        edit = Edit.of(alert, form)
+        old, text = edit.text()
+    except EditError as err:
+        return _render(console, layout, alert, {"form": shown, "problem": str(err)}, 400)
+    state = console.sources.state_dir
+    if text == old or state is None or not (state / "lab.json").is_file():
+        problem = ("nothing to apply: the rule is as written" if text == old else
+                   "Apply reloads a lab: start the console with the lab's --state-dir (runwatch up does)")  # fmt: skip
+        return _render(console, layout, alert, {"form": shown, "problem": problem}, 400)
+    bench = _workbench(request)
+    with bench.lock:  # one apply at a time: each checks and writes what the last one left
+        code, said = await run_in_threadpool(_check_and_write, console, layout, alert.file, old, text)
+    if code != 0:
+        return _render(console, layout, alert, {"form": shown, "refused": said}, 400)
+    _, _, now = _find(request)
+    return _render(console, layout, now or alert, {"applied": said})
+
+
+def _check_and_write(console: Any, layout: Layout, path: Path, old: str, text: str) -> tuple[int, str]:
+    """`runwatch check` on a copy with the edit; if it passes, keep the old file, write the new
+    one whole and `runwatch reload`. A refused reload puts the old file back."""
+    if path.read_text() != old:
+        return 1, f"{path.name} changed while you edited it: reload the page and edit it again"
+    with tempfile.TemporaryDirectory(prefix="runwatch-console-apply-") as tmp:
+        root = Path(tmp)
+        for folder in ("prometheus", "alertmanager"):
+            shutil.copytree(layout.root / folder, root / folder, ignore=shutil.ignore_patterns("*.previous"))
+        (root / path.relative_to(layout.root)).write_text(text)
+        code, said = _run(console, "check", f"--root={root}", timeout=120)
+    if code != 0:
+        return code, said.replace(str(root), str(layout.root))
+    write_atomic(path.with_name(path.name + ".previous"), old)
+    write_atomic(path, text)
+    code, said = _run(console, "reload", f"--state-dir={console.sources.state_dir}", timeout=120)
+    if code != 0 and "refused" in said:
+        write_atomic(path, old)
+    return code, said
+
+
+def plot_image(request: Request) -> Response:
+    name = request.path_params["name"]
+    folder = _workbench(request).plots
+    if not re.fullmatch(r"sweep-[0-9a-f]{16}\.png", name) or not (folder / name).is_file():
+        return PlainTextResponse("404 not found\n", 404)
+    return FileResponse(folder / name, media_type="image/png")
+
+
+def prometheus_api(request: Request) -> Response:
+    """GET only, a few metadata endpoints: what the editor's completion reads, nothing it could change."""
+    path = request.path_params["path"]
+    if not PROXIED.fullmatch(path):
+        return JSONResponse({"status": "error", "error": f"not passed through: /api/v1/{path}"}, 404)
+    base = _console(request).sources.prometheus
+    try:
+        resp = requests.get(f"{base}/api/v1/{path}", params=list(request.query_params.multi_items()), timeout=5)
+    except requests.RequestException as err:
+        return JSONResponse({"status": "error", "error": f"Prometheus at {base} is not answering: {err}"}, 503)
+    return Response(resp.content, resp.status_code, media_type="application/json")
+
+
+ROUTES = [
+    Route("/rules", rules_page),
+    Route("/rules/plot/{name}", plot_image),
+    Route("/rules/prometheus/api/v1/{path:path}", prometheus_api),
+    Route("/rules/{alert}", rule_page),
+    Route("/rules/{alert}/backtest", backtest, methods=["POST"]),
+    Route("/rules/{alert}/apply", apply, methods=["POST"]),
+]

@@ -1,0 +1,49 @@
+"""runwatch for transformers' `Trainer`: a `TrainerCallback` that publishes what `on_log` receives.
+
+transformers hands a callback the training loss, gradient norm and learning rate at each log,
+every `logging_steps` steps (default 500): set `logging_steps=1` for one sample a step, as the
+lab's rules expect. The loss is then the mean over the steps since the last log. Evaluation's
+`eval_loss` is the held-out loss. Tokens come from `state.num_input_tokens_seen`, which the
+Trainer counts with `include_num_input_tokens_seen=True` (else none are counted).
+
+    >>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[RunwatchCallback(port=8000)])
+
+`port=None` serves nothing: serve `callback.watch.registry` yourself once training has begun.
+"""
+
+from __future__ import annotations
+
+from transformers import TrainerCallback
+
+from runwatch.watch import DEFAULT_PORT, Watch
+
+
+class RunwatchCallback(TrainerCallback):
+    """Publishes each log of a transformers Trainer through runwatch.watch (rank and world from its args)."""
+
+    def __init__(self, run_id: str | None = None, port: int | None = DEFAULT_PORT, **watch_args):
+        self.run_id, self.port, self.watch_args = run_id, port, watch_args
+        self.watch: Watch | None = None
+        self._tokens, self._step = 0, 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.watch is None:
+            self.watch = Watch(self.run_id, rank=args.process_index, world_size=args.world_size,
+                               local_rank=max(args.local_process_index, 0), **self.watch_args)  # fmt: skip
+            if self.port is not None:
+                self.watch.serve(self.port)
+        self._step = state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "eval_loss" in logs:
+            self.watch.heldout(logs["eval_loss"])
+        if "loss" in logs:
+            seen = int(state.num_input_tokens_seen or 0)
+            steps = max(state.global_step - self._step, 1)
+            self.watch.step(state.global_step, logs["loss"], tokens=seen - self._tokens, steps=steps,
+                            gradient_norm=logs.get("grad_norm"), learning_rate=logs.get("learning_rate"))  # fmt: skip
+            self._tokens, self._step = seen, state.global_step
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.watch.finish()

@@ -1,0 +1,259 @@
+"""runwatch.watch, the client of a user's own training loop: the lab's names and labels, read back
+from a fresh registry as prometheus_client's own tests do. No torch here (tests/test_watch_client_torch.py
+has the real thing); the client takes plain numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+import threading
+
+import pytest
+import requests
+from prometheus_client import CollectorRegistry, generate_latest
+
+from runwatch.core.command import UsageError
+from runwatch.core.paths import REPO
+from runwatch.lab.watched import check_watch, watch_targets
+from runwatch.watch import Watch, WatchError
+
+RUN = {"run_id": "r"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watch(clock: Clock | None = None, **kw) -> Watch:
+    kw.setdefault("env", {})
+    return Watch("r", registry=CollectorRegistry(), clock=clock or Clock(), wall=lambda: 1.7e9, **kw)
+
+
+def value(w: Watch, name: str, **labels: str) -> float | None:
+    return w.registry.get_sample_value(name, labels or RUN)
+
+
+def test_a_step_publishes_the_labs_training_series():
+    clock = Clock()
+    w = watch(clock)
+    assert value(w, "runwatch_train_step") is None  # nothing trained yet: no step to judge
+    w.begin()
+    clock.now += 0.5
+    w.step(7, 2.5, tokens=1000, gradient_norm=1.5, learning_rate=0.1)
+    assert value(w, "runwatch_train_step") == 7
+    assert value(w, "runwatch_train_loss") == 2.5
+    assert value(w, "runwatch_train_gradient_norm") == 1.5
+    assert value(w, "runwatch_train_learning_rate") == 0.1
+    assert value(w, "runwatch_train_tokens_total") == 1000
+    assert value(w, "runwatch_train_tokens_per_second") == 2000  # 1000 tokens over 0.5 s
+    assert value(w, "runwatch_train_step_duration_seconds_count") == 1
+    assert value(w, "runwatch_train_step_duration_seconds_bucket", run_id="r", le="0.5") == 1
+    assert value(w, "runwatch_train_run_info", run_id="r", seed="", incident="none") == 1
+    assert value(w, "runwatch_train_run_start_time_seconds") == 1.7e9
+    assert value(w, "runwatch_train_heldout_loss") is None  # never evaluated: never published
+
+
+def test_a_step_without_begin_starts_where_the_last_ended():
+    clock = Clock()
+    w = watch(clock)
+    w.step(0, 1.0, tokens=10)
+    clock.now += 0.25
+    w.step(1, 1.0, tokens=10)
+    assert value(w, "runwatch_train_tokens_per_second") == 40
+    assert value(w, "runwatch_train_tokens_total") == 20
+
+
+def test_heldout_loss_stays_until_the_next_evaluation():
+    w = watch()
+    w.heldout(0.75)
+    w.step(0, 1.0)
+    w.step(1, 1.1)
+    assert value(w, "runwatch_train_heldout_loss") == 0.75
+    w.heldout(0.5)
+    assert value(w, "runwatch_train_heldout_loss") == 0.5
+
+
+def test_steps_reported_at_once_count_their_mean_duration():
+    clock = Clock()
+    w = watch(clock)
+    clock.now += 0.04
+    w.step(10, 1.0, tokens=400, steps=10)  # a trainer that logs every 10 steps
+    assert value(w, "runwatch_train_step_duration_seconds_count") == 10
+    assert value(w, "runwatch_train_step_duration_seconds_bucket", run_id="r", le="0.005") == 10
+    assert value(w, "runwatch_train_tokens_per_second") == pytest.approx(10_000)
+    with pytest.raises(WatchError, match="steps: must be 1 or more"):
+        w.step(11, 1.0, steps=0)
+
+
+def test_finish_stops_the_per_step_values_and_keeps_the_facts():
+    w = watch()
+    w.step(3, 1.0, tokens=5, gradient_norm=1.0)
+    w.finish()
+    assert value(w, "runwatch_train_step") == 3
+    assert value(w, "runwatch_train_loss") is None and value(w, "runwatch_train_gradient_norm") is None
+    assert value(w, "runwatch_train_tokens_total") == 5
+    assert value(w, "runwatch_train_run_end_time_seconds") == 1.7e9
+
+
+def test_every_rank_serves_its_compute_and_wait_and_only_rank_0_the_jobs_series():
+    clock = Clock()
+    ranks = [watch(clock, rank=r, world_size=2, node="n0") for r in (0, 1)]
+    for w, compute in zip(ranks, (1.0, 1.4), strict=True):
+        start = clock.now
+        w.begin()
+        clock.now = start + compute
+        w.exchange()
+        clock.now = start + 1.45
+        w.step(5, 0.3, tokens=64)
+        clock.now = start
+    labels = [{"run_id": "r", "rank": str(r), "node": "n0"} for r in (0, 1)]
+    assert value(ranks[0], "runwatch_rank_last_compute_seconds", **labels[0]) == pytest.approx(1.0)
+    assert value(ranks[0], "runwatch_rank_last_collective_wait_seconds", **labels[0]) == pytest.approx(0.45)
+    assert value(ranks[1], "runwatch_rank_last_compute_seconds", **labels[1]) == pytest.approx(1.4)
+    assert value(ranks[1], "runwatch_rank_compute_seconds_total", **labels[1]) == pytest.approx(1.4)
+    assert value(ranks[1], "runwatch_rank_collective_wait_seconds_total", **labels[1]) == pytest.approx(0.05)
+    assert value(ranks[1], "runwatch_rank_last_step_seconds", **labels[1]) == pytest.approx(1.45)
+    assert value(ranks[1], "runwatch_rank_step", **labels[1]) == 5
+    assert value(ranks[1], "runwatch_rank_last_step_timestamp_seconds", **labels[1]) == 1.7e9
+    assert value(ranks[1], "runwatch_rank_collective_seq", **labels[1]) == 1
+    assert value(ranks[0], "runwatch_train_loss") == 0.3
+    assert value(ranks[1], "runwatch_train_loss") is None and value(ranks[1], "runwatch_train_run_info") is None
+
+
+def test_one_process_serves_no_rank_series():
+    w = watch()
+    w.exchange()
+    w.step(0, 1.0)
+    assert "runwatch_rank_" not in generate_latest(w.registry).decode()
+
+
+def test_rank_world_restarts_and_run_id_come_from_torchruns_environment():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "job7",
+           "TORCHELASTIC_RESTART_COUNT": "2"}  # fmt: skip
+    w = Watch(registry=CollectorRegistry(), env=env)
+    assert (w.rank, w.world_size, w.local_rank, w.run_id) == (1, 2, 1, "job7")
+    zero = Watch(registry=CollectorRegistry(), env={**env, "RANK": "0", "LOCAL_RANK": "0"})
+    assert zero.registry.get_sample_value("runwatch_job_restarts_total", {"run_id": "job7"}) == 2
+    assert Watch(registry=CollectorRegistry(), env={**env, "RUNWATCH_RUN_ID": "mine"}).run_id == "mine"
+    one = Watch(registry=CollectorRegistry(), env={})
+    assert re.fullmatch(r".+-\d{6}", one.run_id) and one.registry.get_sample_value(
+        "runwatch_job_restarts_total", {"run_id": one.run_id}) is None  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"env": {"WORLD_SIZE": "2", "RANK": "0"}}, "run_id: ranks must share one"),
+        ({"env": {"RANK": "x"}}, "RANK: must be an integer, got 'x'"),
+        ({"env": {}, "rank": 2, "world_size": 2, "run_id": "r"}, r"rank: must be in \[0, world_size\), got rank 2"),
+        ({"env": {}, "world_size": 0, "run_id": "r"}, "rank: must be in"),
+        ({"env": {}, "run_id": ""}, "run_id: must not be empty"),
+    ],
+)
+def test_bad_settings_are_refused_naming_them(kw, message):
+    with pytest.raises(WatchError, match=message):
+        Watch(registry=CollectorRegistry(), **kw)
+
+
+def test_it_starts_no_thread_until_asked_to_serve_and_then_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = threading.active_count()
+    w = Watch("r", registry=CollectorRegistry(), env={"LOCAL_RANK": "1"})
+    for s in range(100):
+        w.step(s, 1.0, tokens=1)
+    assert threading.active_count() == before and list(tmp_path.iterdir()) == []  # no thread, no file
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+    port = w.serve(base - 1)  # local rank 1: base - 1 + 1
+    assert port == base and threading.active_count() == before + 1
+    assert 'runwatch_train_step{run_id="r"} 99.0' in requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert w.scrapes == 1
+    with pytest.raises(WatchError, match=rf"port: cannot serve on 127.0.0.1:{port}: "):
+        Watch("r2", registry=CollectorRegistry(), env={}).serve(port)
+
+
+# What a user's loop cannot give: Lesson 20's logits, weights, expected curve and loss scale (the
+# lab's own model), the GPU's DCGM series, the launcher's lost steps and ETTR, and the lab's own
+# checkpoint and incident flag. Everything else the rules read, the client serves.
+NOT_FROM_A_LOOP = {"runwatch_train_logit_norm_max", "runwatch_train_loss_scale", "runwatch_job_lost_steps_total",
+                   "runwatch_job_ettr"}  # fmt: skip
+
+
+def test_the_client_serves_every_series_the_training_and_cluster_rules_read():
+    files = ("alerts.yml", "baselines.yml", "cluster.yml")
+    rules = "".join((REPO / "prometheus" / "rules" / f).read_text() for f in files)
+    read = set(re.findall(r"(?<![:\w])(runwatch_(?:train|rank|job)_[a-z_]+)\b", rules)) - NOT_FROM_A_LOOP
+    w = Watch("r", rank=0, world_size=2, registry=CollectorRegistry(), env={"TORCHELASTIC_RESTART_COUNT": "0"})
+    w.heldout(1.0)
+    w.exchange()
+    w.step(0, 1.0, tokens=1, gradient_norm=1.0, learning_rate=0.1)
+    names = re.compile(r"^(runwatch_\w+?)(?:\{| )", re.M)
+    served = set(names.findall(generate_latest(w.registry).decode()))
+    w.finish()  # a finished run serves its end time (TrainingStalled reads it)
+    served |= set(names.findall(generate_latest(w.registry).decode()))
+    assert read and read <= served, read - served
+
+
+# --- `runwatch up --watch`: its addresses, and what it refuses ---
+
+
+def test_watch_takes_addresses_or_a_file_of_them(tmp_path):
+    assert watch_targets("127.0.0.1:8000, host-2.lan:08001") == ["127.0.0.1:8000", "host-2.lan:8001"]
+    targets = tmp_path / "targets.txt"
+    targets.write_text("# my job's ranks\n127.0.0.1:8000\n\n127.0.0.1:8001  # rank 1\n")
+    assert watch_targets(str(targets)) == ["127.0.0.1:8000", "127.0.0.1:8001"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("127.0.0.1", "127.0.0.1: neither HOST:PORT"),
+        ("127.0.0.1:0", "'127.0.0.1:0' is not HOST:PORT"),
+        ("127.0.0.1:65536", "'127.0.0.1:65536' is not HOST:PORT"),
+        (":8000", "':8000' is not HOST:PORT"),
+        ("a b:8000", "'a b:8000' is not HOST:PORT"),
+        ("127.0.0.1:8000,", "'' is not HOST:PORT"),
+        ("127.0.0.1:8000,127.0.0.1:8000", "names an address twice"),
+    ],
+)
+def test_bad_addresses_are_refused_naming_them(text, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
+        watch_targets(text)
+
+
+def test_too_many_addresses_are_refused():
+    with pytest.raises(argparse.ArgumentTypeError, match="257 addresses, more than 256"):
+        watch_targets(",".join(f"h:{p}" for p in range(1, 258)))
+
+
+def test_a_bad_targets_file_is_refused_naming_the_file_and_line(tmp_path):
+    bad = tmp_path / "t.txt"
+    bad.write_text("127.0.0.1:8000\nnot an address\n")
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(f"{bad}, line 2: 'not an address' is not")):
+        watch_targets(str(bad))
+    bad.write_text("# nothing\n")
+    with pytest.raises(argparse.ArgumentTypeError, match="names no HOST:PORT"):
+        watch_targets(str(bad))
+    bad.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(argparse.ArgumentTypeError, match="not a text file"):
+        watch_targets(str(bad))
+    with pytest.raises(argparse.ArgumentTypeError, match="nor a readable file"):
+        watch_targets(str(tmp_path))  # a directory
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("incident", "lr_spike"), ("control", True), ("ranks", 2), ("fast_forward", 270), ("onset", 5),
+     ("precision", "fp16")],
+)  # fmt: skip
+def test_watch_refuses_the_labs_own_trainer_flags(flag, value):
+    args = argparse.Namespace(watch=["127.0.0.1:8000"], **{flag: value})
+    with pytest.raises(UsageError, match=f"--watch: the lab's own trainer does not run, so --{flag.replace('_', '-')}"):
+        check_watch(args)
