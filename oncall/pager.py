@@ -929,8 +929,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _ack(self) -> None:
         """POST /api/ack {alert, run_id, comment, by, ack_id[, silence]}: acknowledge an open incident.
 
-        200 with the incident; 409 if it has not paged or is already acknowledged; 400 on a bad field.
+        200 with the incident; 409 if it has not paged or is already acknowledged; 400 on a bad field;
+        403 from a web page (as the webhook: its Host, an Origin, a body that is not JSON).
         """
+        foreign = self._foreign() or (
+            None if self.headers.get("Content-Type", "").split(";")[0].strip().lower() == "application/json"
+            else f"Content-Type must be application/json, got {self.headers.get('Content-Type', '')!r}"
+        )  # fmt: skip
+        if foreign is not None:
+            return self._reject(403, "foreign", "headers", foreign)
         header = self.headers.get("Content-Length", "")
         length = int(header) if header.strip().isdigit() else -1
         if length < 0 or length > self.server.max_body:

@@ -235,3 +235,16 @@ def test_a_stalled_request_head_is_closed_after_its_deadline(tmp_path, monkeypat
             assert s.recv(1) == b""
     finally:
         server.close()
+
+
+def test_a_web_page_cannot_ack_an_incident_at_the_pager(pager):
+    """The pager's POST /api/ack (issue 27) holds to item 3's rule: no browser origin, no foreign
+    Host, JSON only; `runwatch ack` posts JSON from a local process."""
+    body = json.dumps({"alert": "TrainingLossJump", "run_id": "r", "comment": "x", "by": "evil", "ack_id": "e"})
+    for headers in ({"Content-Type": "text/plain", "Origin": "http://evil.example"},
+                    {"Content-Type": "application/json", "Origin": "http://evil.example"},
+                    {"Content-Type": "application/json", "Host": "rebind.attacker.example"}):  # fmt: skip
+        status, reply = pager.request("POST", "/api/ack", body.encode(), headers=headers)
+        assert status == 403 and json.loads(reply)["field"] == "headers", headers
+    status, _ = pager.request("POST", "/api/ack", body.encode())  # a local client: judged on its body
+    assert status in (200, 409)
