@@ -344,6 +344,8 @@ class RequestGuard:
     def refusal(self, scope: Any) -> Response | None:
         headers = Headers(scope=scope)
         host = headers.get("host")
+        if scope["path"] == "/-/ready" and scope["method"] in ("GET", "HEAD"):
+            return None  # a probe's (a kubelet's Host is the pod's address); it says only "OK"
         if not host_allowed(host, self.hosts):
             served = ", ".join(sorted(self.hosts))
             return PlainTextResponse(f"421 misdirected: this console answers only as {served}, not {host!r}\n", 421)
