@@ -5,6 +5,9 @@ A Starlette app with server-side Jinja templates (autoescaped: page text is what
 process posted to the pager) and one static script that draws the plate with uPlot, served from
 this package (the lab works offline). Every form carries a per-process token that a page from
 another origin cannot read, and a POST whose Origin is not the console's own is refused.
+Before any routing, RequestGuard answers only the console's own addresses as Host (a
+DNS-rebinding page names its own) and takes only small urlencoded forms, so nothing is read,
+parsed or spooled to disk for a request that is then refused (SECURITY.md).
 
 Acks and diagnoses run `runwatch ack` and `runwatch diagnose` themselves, so the console
 silences, records and grades exactly as the command line does.
@@ -29,6 +32,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markdown_it import MarkdownIt
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
@@ -37,7 +41,9 @@ from starlette.staticfiles import StaticFiles
 
 from runwatch.console import rules
 from runwatch.console.sources import ALERT_NAME, Sources, UnavailableError
+from runwatch.core.addresses import host_allowed, served_hosts
 from runwatch.core.command import UsageError
+from runwatch.core.names import LOOPBACK, PORTS
 from runwatch.trainer.config import (  # what a diagnosis may name, as runwatch diagnose takes it
     CLUSTER_INCIDENTS,
     INCIDENTS,
@@ -50,6 +56,9 @@ NOTICES_KEPT = 50
 # No inline script or style can run: everything the page runs is this package's own file.
 CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 POSTMORTEM_FILE = re.compile(r"postmortem-[A-Za-z0-9_.-]+\.(md|png)")
+# The largest form the console's own page sends is an ack with its comment: a few hundred bytes.
+MAX_FORM_BYTES = 16 << 10
+FORM_TYPE = "application/x-www-form-urlencoded"  # the console's forms; never multipart, so never a file part
 
 
 class Console:
@@ -70,7 +79,10 @@ class Console:
     # --- rendering ---
 
     def render(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
-        return HTMLResponse(self.templates.get_template(name).render(token=self.token, **context), status)
+        text = self.templates.get_template(name).render(token=self.token, **context)
+        # A page is whatever a local process posted: a lone surrogate in it (valid JSON, not
+        # UTF-8) is shown escaped, as `runwatch pager` prints it, not a 500 hiding every page.
+        return HTMLResponse(text.encode("utf-8", "backslashreplace"), status)
 
     def notice(self, text: str) -> str:
         """Keep an action's result for the page it redirects to; return its id."""
@@ -103,11 +115,15 @@ def _same_origin(request: Request) -> bool:
 
 async def _form(console: Console, request: Request) -> dict[str, str] | Response:
     """The POSTed form, or the response that refuses it (403 without our token or origin)."""
-    form = await request.form()
+    form = await request.form(max_files=0, max_fields=16)  # RequestGuard has capped its size already
     token = str(form.get("token", ""))
     if not _same_origin(request) or not hmac.compare_digest(token.encode(), console.token.encode()):
         return PlainTextResponse("403 forbidden: this form was not sent by the console's own page\n", 403)
-    return {k: str(v) for k, v in form.items()}
+    fields = {k: str(v) for k, v in form.items()}
+    for key, value in fields.items():  # a NUL cannot go into the command line an action runs
+        if "\x00" in value or "\x00" in key:
+            return PlainTextResponse(f"400 bad request: form field {key[:40]!r} holds a NUL byte\n", 400)
+    return fields
 
 
 def _console(request: Request) -> Console:
@@ -255,9 +271,14 @@ def postmortem(request: Request) -> Response:
 
 def postmortem_image(request: Request) -> Response:
     name, folder = request.path_params["name"], _console(request).sources.state_dir
-    if folder is None or not POSTMORTEM_FILE.fullmatch(name) or not (folder / name).is_file():
+    if folder is None or not POSTMORTEM_FILE.fullmatch(name) or not _own_file(folder / name):
         return PlainTextResponse("404 not found\n", 404)
     return FileResponse(folder / name)
+
+
+def _own_file(path: Path) -> bool:
+    """A regular file the lab wrote in its state directory: not a symlink to one elsewhere."""
+    return not path.is_symlink() and path.is_file()
 
 
 def ready(_: Request) -> Response:
@@ -288,12 +309,59 @@ ROUTES = [
 ]
 
 
-def make_app(sources: Sources, runwatch: list[str] | None = None) -> Starlette:
-    """The console's ASGI app, reading from sources; runwatch: how to run the command line."""
-    app = Starlette(routes=ROUTES, middleware=[Middleware(SecurityHeaders)])
+def make_app(sources: Sources, runwatch: list[str] | None = None, hosts: frozenset[str] | None = None) -> Starlette:
+    """The console's ASGI app, reading from sources; runwatch: how to run the command line;
+    hosts: the Host headers it answers (runwatch.core.addresses.served_hosts; by default the
+    loopback names of the documented port)."""
+    hosts = served_hosts(LOOPBACK, PORTS["console"]) if hosts is None else hosts
+    app = Starlette(routes=ROUTES, middleware=[Middleware(SecurityHeaders), Middleware(RequestGuard, hosts=hosts)])
     app.state.console = Console(sources, runwatch)
     app.state.form = _form  # how console/rules.py takes a form: this module's token and origin checks
     return app
+
+
+class RequestGuard:
+    """ASGI middleware, before routing and before any body is read: refuse a Host that is not
+    one of the console's own addresses (421), and a POST from another Origin (403), that is not
+    a urlencoded form (415), or whose Content-Length is missing (411) or over MAX_FORM_BYTES (413).
+
+    The form token still guards every action; this makes a refused request cost nothing: a
+    DNS-rebinding page never gets the token, and 300 fields of 1 MB or a 200 MB multipart upload
+    are refused from their headers, never read or spooled to a temporary file.
+    """
+
+    def __init__(self, app: Any, hosts: frozenset[str]) -> None:
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        refusal = self.refusal(scope) if scope["type"] == "http" else None
+        if refusal is not None:
+            # the body is left unread: the connection is closed after the answer
+            refusal.headers["connection"] = "close"
+            return await refusal(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: Any) -> Response | None:
+        headers = Headers(scope=scope)
+        host = headers.get("host")
+        if scope["path"] == "/-/ready" and scope["method"] in ("GET", "HEAD"):
+            return None  # a probe's (a kubelet's Host is the pod's address); it says only "OK"
+        if not host_allowed(host, self.hosts):
+            served = ", ".join(sorted(self.hosts))
+            return PlainTextResponse(f"421 misdirected: this console answers only as {served}, not {host!r}\n", 421)
+        if scope["method"] in ("GET", "HEAD"):
+            return None
+        origin = headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc.lower() != host.strip().lower():
+            return PlainTextResponse("403 forbidden: a POST from another page's origin\n", 403)
+        if headers.get("content-type", "").split(";")[0].strip().lower() != FORM_TYPE:
+            return PlainTextResponse(f"415 unsupported: the console takes only {FORM_TYPE} forms\n", 415)
+        length = headers.get("content-length", "")
+        if "transfer-encoding" in headers or not length.isascii() or not length.isdigit():
+            return PlainTextResponse("411 length required: a form with its Content-Length\n", 411)
+        if int(length) > MAX_FORM_BYTES:
+            return PlainTextResponse(f"413 too large: a form is at most {MAX_FORM_BYTES} bytes, not {length}\n", 413)
+        return None
 
 
 class SecurityHeaders:
@@ -325,5 +393,6 @@ def _back(run: str, notice: str) -> RedirectResponse:
 def _postmortem_file(sources: Sources, run: str | None) -> Path | None:
     if sources.state_dir is None or not run:
         return None
-    path = sources.state_dir / f"postmortem-{run}.md"
-    return path if POSTMORTEM_FILE.fullmatch(path.name) and path.is_file() else None
+    name = f"postmortem-{run}.md"  # the whole name, not the last part of a path: no "/" can escape
+    path = sources.state_dir / name
+    return path if POSTMORTEM_FILE.fullmatch(name) and _own_file(path) else None

@@ -15,9 +15,21 @@ import socket
 import sys
 from pathlib import Path
 
-from runwatch.core.addresses import lab_url
+from runwatch.core.addresses import lab_url, served_hosts
 from runwatch.core.command import Parser, UsageError
 from runwatch.core.names import LOOPBACK, PORTS, url
+
+# Bounded as a production async server is (issue 28). A connection has HEAD_TIMEOUT_S to send
+# a whole request head, and at most MAX_WAITING wait for theirs (then the oldest is closed: a
+# client that sends its request at once is served however many stall); an idle kept-alive one
+# is closed after KEEP_ALIVE_S (uvicorn's); past LIMIT_CONCURRENCY connections or requests in
+# flight a request is answered 503; Starlette's thread pool (40) bounds the endpoints that
+# block. Measured under slow connections by benchmarks/bench_slow_connections.py.
+HEAD_TIMEOUT_S = 10.0
+MAX_WAITING = 1024
+KEEP_ALIVE_S = 5
+LIMIT_CONCURRENCY = MAX_WAITING + 256
+BACKLOG = 128
 
 
 def _port(text: str) -> int:
@@ -39,6 +51,9 @@ def parser() -> Parser:
     p = Parser(prog="runwatch console", description="Serve the on-call console: plate, pages, runbooks, ack, diagnose.")
     p.add_argument("--host", default=LOOPBACK, help=f"address to listen on (default {LOOPBACK}: this machine only)")
     p.add_argument("--port", type=_port, default=PORTS["console"], help=f"port (default {PORTS['console']})")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a host name the browser reaches the console by, besides this machine's loopback "
+                        "(any other Host is refused: DNS rebinding)")  # fmt: skip
     for name in ("prometheus", "alertmanager", "pager"):
         p.add_argument(f"--{name}", type=_url(f"--{name}"), default=None, metavar="URL",
                        help=f"the {name} to read (default: the --state-dir's lab's, else {url(name)})")  # fmt: skip
@@ -87,10 +102,55 @@ def main(argv: list[str] | None = None) -> int:
 
     sources = Sources(args.prometheus, args.alertmanager, args.pager, args.prometheus_link, args.grafana,
                       args.state_dir.absolute() if args.state_dir else None)  # fmt: skip
-    config = uvicorn.Config(make_app(sources), log_level="warning", access_log=False, lifespan="off")
+    hosts = served_hosts(args.host, sock.getsockname()[1], args.allow_host)
+    # Bounded as a production server is: past LIMIT_CONCURRENCY open connections and requests a
+    # new one is answered 503 at once, and a connection idle (or stalled mid-headers) for
+    # KEEP_ALIVE_S is closed; Starlette's thread pool (40) bounds the endpoints that block.
+    # Measured under slow connections by benchmarks/bench_slow_connections.py.
+    config = uvicorn.Config(
+        make_app(sources, hosts=hosts), log_level="warning", access_log=False, lifespan="off",
+        limit_concurrency=LIMIT_CONCURRENCY, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG,
+        http=_bounded_h11(),
+    )  # fmt: skip
     print(f"{p.prog}: http://{args.host}:{args.port}/ (Prometheus {args.prometheus})", file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[sock])  # stops on SIGINT and SIGTERM, as PID 1 in a container must
     return 0
+
+
+def _bounded_h11() -> type:
+    """uvicorn's h11 protocol with what it lacks against slow clients: a deadline for the
+    request head, and a cap on the connections waiting for theirs (uvicorn imported late)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    waiting: dict = {}  # protocol -> its deadline's timer, oldest first (one server per process)
+
+    class BoundedH11(H11Protocol):
+        def connection_made(self, transport) -> None:  # noqa: ANN001 (asyncio's)
+            super().connection_made(transport)
+            waiting[self] = self.loop.call_later(HEAD_TIMEOUT_S, self._late)
+            if len(waiting) > MAX_WAITING:
+                next(iter(waiting))._late()
+
+        def _late(self) -> None:
+            self._headed()
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def _headed(self) -> None:
+            timer = waiting.pop(self, None)
+            if timer is not None:
+                timer.cancel()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None:  # a whole request head has come
+                self._headed()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._headed()
+            super().connection_lost(exc)
+
+    return BoundedH11
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import requests
 
 from runwatch.core.names import WATCH_GRACE_S
 from runwatch.core.paths import Layout
-from runwatch.prom.server import PromQLError, instant
+from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.readouts import dashboard_queries as dq
 from runwatch.readouts.picture import PANELS, PlateData, collect
 
@@ -112,7 +112,7 @@ class Sources:
 
     def run_info(self, run_id: str) -> dict[str, Any]:
         """A run's start and end (Unix seconds; end None while it runs) and whether it is a drill."""
-        sel = f'{{run_id="{run_id}"}}'
+        sel = f'{{run_id="{quoted(run_id)}"}}'
         window = f"[{RUNS_LOOKBACK_S}s]"
 
         def last(metric: str) -> float | None:

@@ -86,7 +86,7 @@ class TrainerMetrics(Collector):
     scrape renders every series from that one step. So a scrape never pairs step s's loss with
     step s-1's step number, and the training loop pays about a microsecond per step.
 
-    In a drill the incident is withheld: run_info says "hidden", and neither the
+    In a drill the incident and the seed are withheld: run_info says "hidden", and neither the
     incident-active flag nor the learning rate (which would name an lr_spike at once) is exported.
     """
 
@@ -169,7 +169,7 @@ class TrainerMetrics(Collector):
             return fam
 
         info = GaugeMetricFamily(RUN_INFO, HELP[RUN_INFO], labels=["run_id", "seed", "incident"])
-        info.add_metric([self.run_id, str(self.seed), self.incident], 1)
+        info.add_metric([self.run_id, HIDDEN if self.drill else str(self.seed), self.incident], 1)
         yield info
         yield gauge(RUN_START, started_at)
         if ended_at is not None:

@@ -381,6 +381,11 @@ def serve_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to append to (default {DEFAULT_LOG})")
     parser.add_argument("--runbooks", type=Path, default=DEFAULT_RUNBOOKS, help="folder served at /runbooks/")
     parser.add_argument(
+        "--allow-host", action="append", default=[], metavar="NAME",
+        help="a host name Alertmanager posts to, besides this machine's loopback (compose: pager); "
+        "a webhook with any other Host is refused",
+    )  # fmt: skip
+    parser.add_argument(
         "--prometheus", default="", metavar="URL",
         help="Prometheus whose rules in force each page stores (default: none, pages carry no rule)",
     )  # fmt: skip
@@ -401,7 +406,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     try:
         server = make_server(
             args.host, args.port, args.log, runbooks=args.runbooks, watchdog_timeout=args.watchdog_timeout,
-            prometheus=args.prometheus,
+            prometheus=args.prometheus, allow_hosts=args.allow_host,
         )  # fmt: skip
     except KeyboardInterrupt:  # stopped while loading the page log
         return 0

@@ -27,13 +27,17 @@ Do not point two pager processes at one log: the lock that keeps lines whole is 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
+import selectors
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,6 +46,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from urllib.request import ProxyHandler, build_opener
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+from runwatch.core.addresses import host_allowed, served_hosts
 
 # Runbooks are served by the pager itself, at the address it has in both worlds.
 RUNBOOK_BASE = "http://127.0.0.1:9095/runbooks"
@@ -64,6 +70,16 @@ WATCHDOG_SILENT = "WatchdogSilent"
 WATCHDOG_TIMEOUT_S = 30.0
 # How long a webhook waits for Prometheus's rules before storing its pages without them.
 RULES_TIMEOUT_S = 2.0
+# Bounded as a production server is (issue 28: 8,000 half-open connections gave the pager 6,800
+# threads, and /-/ready timed out for minutes after they closed). A connection waits in one
+# selector thread, costing no thread, until a whole request head has come; only then does one
+# of WORKERS threads serve it. Alertmanager sends a few notifications at once; the console and
+# Prometheus read a page list and /metrics. Measured by benchmarks/bench_slow_connections.py.
+WORKERS = 16
+MAX_CONNECTIONS = 1024  # waiting at once; past it the oldest that never sent a whole request is closed
+HEAD_TIMEOUT_S = 10.0  # for a request's line and headers to arrive, and for each read of a body
+IDLE_TIMEOUT_S = 300.0  # a kept-alive connection between requests: Alertmanager keeps one 5 minutes
+MAX_HEAD_BYTES = 64 << 10
 
 
 class PayloadError(ValueError):
@@ -363,7 +379,7 @@ def _parse_pages(data: bytes, log_path: Path, stderr: TextIO | None) -> list[dic
             continue
         try:
             page = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # torn, or nested too deeply to be a page
             page = None
         if isinstance(page, dict):
             pages.append(page)
@@ -416,6 +432,21 @@ class PageLog:
         self._needs_newline = bool(data) and not data.endswith(b"\n")
         self.error: str | None = None  # why the last append failed; None once one succeeds
 
+    def writable(self) -> str | None:
+        """Why the log cannot be appended to now (a read-only file or file system), or None.
+
+        Probed by opening it for appending, as a store does: write permission bits say nothing
+        to root, and a read-only mount or an immutable file refuses only the open.
+        """
+        if not self.path.exists():
+            ok = os.access(self.path.parent, os.W_OK)
+            return None if ok else f"cannot create {self.path}: its folder is not writable"
+        try:
+            os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND))
+        except OSError as err:
+            return f"cannot append to {self.path}: {err.strerror or err}"
+        return None
+
     def store(self, records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
         """Append the records not seen before in one fsynced write; return (stored, duplicates)."""
         with self._lock:
@@ -456,7 +487,11 @@ class PageLog:
         """Append data whole and fsynced, or not at all: on a failed write (a full disk) the log
         is cut back to where it was, so Alertmanager's retry stores each page once."""
         created = not self.path.exists()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as err:  # a read-only log or file system: /-/ready says so too
+            self.error = f"cannot append to {self.path}: {err.strerror or err}"
+            raise
         try:
             size = os.fstat(fd).st_size
             try:
@@ -571,12 +606,140 @@ class PagerMetrics:
         )
         for status in STATUSES:
             self.pages.labels(status)
-        for reason in ("malformed", "too_large", "length_required", "write_failed"):
+        for reason in ("malformed", "too_large", "length_required", "write_failed", "foreign"):
             self.rejected.labels(reason)
 
 
+class _Prefixed(io.RawIOBase):
+    """A connection's bytes: those the waiting room already read, then the socket's."""
+
+    def __init__(self, head: bytes, sock: socket.socket) -> None:
+        self.head, self.sock = memoryview(head), sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        if self.head:
+            n = min(len(buffer), len(self.head))
+            buffer[:n], self.head = self.head[:n], self.head[n:]
+            return n
+        try:
+            return self.sock.recv_into(buffer)
+        except BlockingIOError:
+            return None
+
+
+class _WaitingRoom:
+    """Connections that have no whole request yet, in one selector thread: a half-open or
+    stalled connection holds a socket here, never a thread. A whole request head goes to the
+    server's worker pool; a connection silent past its deadline, or one too many, is closed."""
+
+    def __init__(self, server: PagerServer) -> None:
+        self.server = server
+        self.selector = selectors.DefaultSelector()
+        self.lock = threading.Lock()
+        # sock -> [address, bytes so far, deadline, served before], oldest first
+        self.waiting: dict[socket.socket, list] = {}
+        self.busy = 0  # connections a worker holds
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        self.thread = threading.Thread(target=self._run, name="pager-waiting-room", daemon=True)
+        self.thread.start()
+
+    def admit(self, sock: socket.socket, address: Any, head: bytes = b"", idle: bool = False) -> None:
+        """A connection to wait for its next request; when the room is full, the oldest that has
+        never sent a whole request makes way (a client that sends its request at once, as
+        Alertmanager and a probe do, is served however many stalled ones there are)."""
+        with self.lock:
+            oldest = None
+            if len(self.waiting) >= MAX_CONNECTIONS:
+                fresh = (s for s, entry in self.waiting.items() if not entry[3])
+                oldest = next(fresh, None) or next(iter(self.waiting))
+            sock.setblocking(False)
+            deadline = time.monotonic() + (IDLE_TIMEOUT_S if idle and not head else HEAD_TIMEOUT_S)
+            self.waiting[sock] = [address, bytearray(head), deadline, idle]
+        if oldest is not None:
+            self._drop(oldest)
+        if head and b"\r\n\r\n" in head:  # a pipelined request already here
+            self._dispatch(sock)
+            return
+        self.selector.register(sock, selectors.EVENT_READ)
+        self.wake_w.send(b"x")
+
+    def done(self) -> None:
+        with self.lock:
+            self.busy -= 1
+
+    def close(self) -> None:
+        with self.lock:
+            socks, self.waiting = list(self.waiting), {}
+        for sock in socks:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.selector.unregister(sock)
+            self.server.shutdown_request(sock)
+        with contextlib.suppress(OSError):
+            self.wake_w.send(b"x")
+
+    def _run(self) -> None:
+        while not self.server.stopped.is_set():
+            for key, _ in self.selector.select(timeout=1.0):
+                if key.fileobj is self.wake_r:
+                    with contextlib.suppress(OSError):
+                        self.wake_r.recv(4096)
+                    continue
+                self._read(key.fileobj)
+            now = time.monotonic()
+            with self.lock:
+                late = [sock for sock, entry in self.waiting.items() if entry[2] < now]
+            for sock in late:
+                self._drop(sock)
+        self.selector.close()
+
+    def _read(self, sock: socket.socket) -> None:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        with self.lock:
+            entry = self.waiting.get(sock)
+        if entry is None:
+            return
+        if not data:  # closed by the client
+            return self._drop(sock)
+        entry[1] += data
+        if len(entry[1]) == len(data):  # its first bytes: the head has HEAD_TIMEOUT_S from now
+            entry[2] = time.monotonic() + HEAD_TIMEOUT_S
+        if b"\r\n\r\n" in entry[1] or len(entry[1]) > MAX_HEAD_BYTES:  # too long: the handler says 431/400
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(sock)
+            self._dispatch(sock)
+
+    def _dispatch(self, sock: socket.socket) -> None:
+        with self.lock:
+            address, head, _, _ = self.waiting.pop(sock)
+            self.busy += 1
+        try:
+            self.server.pool.submit(self.server.serve_connection, sock, address, bytes(head))
+        except RuntimeError:  # the pool is shut down: the server is closing
+            self.done()
+            self.server.shutdown_request(sock)
+
+    def _drop(self, sock: socket.socket) -> None:
+        with self.lock:
+            found = self.waiting.pop(sock, None)
+        if found is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(sock)
+            self.server.shutdown_request(sock)
+
+
 class PagerServer(ThreadingHTTPServer):
-    """A ThreadingHTTPServer carrying the page log, metrics and settings its handlers need."""
+    """An HTTP server carrying the page log, metrics and settings its handlers need; its
+    connections wait in a _WaitingRoom and are served by a pool of WORKERS threads."""
 
     daemon_threads = True
     request_queue_size = 64  # Alertmanager may send several groups at once
@@ -597,10 +760,37 @@ class PagerServer(ThreadingHTTPServer):
         self.runbooks: Path | None = None
         self.prometheus = ""  # where the rules in force are read; "" stores pages without them
         self.watchdog = Watchdog(WATCHDOG_TIMEOUT_S)
+        self.hosts = served_hosts(address[0], self.server_address[1])  # the Host headers the webhook answers
+        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="pager-worker")
+        self.room = _WaitingRoom(self)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A new connection waits in the room (no thread per connection, as ThreadingMixIn has)."""
+        self.room.admit(request, client_address)
+
+    def serve_connection(self, sock: socket.socket, address: Any, head: bytes) -> None:
+        """One request of a connection, in a worker; a kept-alive connection goes back to wait."""
+        keep, rest = False, b""
+        try:
+            sock.setblocking(True)
+            sock.settimeout(HEAD_TIMEOUT_S)
+            handler = self.RequestHandlerClass(sock, address, self, head=head)
+            keep, rest = not handler.close_connection, handler.rest
+        except Exception:
+            self.handle_error(sock, address)
+        finally:
+            self.room.done()
+        if keep and not self.stopped.is_set():
+            self.room.admit(sock, address, rest, idle=True)
+        else:
+            self.shutdown_request(sock)
 
     def server_close(self) -> None:
         self.stopped.set()
         super().server_close()
+        if hasattr(self, "room"):  # not if binding failed
+            self.room.close()
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that closes or resets its kept-alive connection is normal, not an error."""
@@ -638,9 +828,31 @@ class _Handler(BaseHTTPRequestHandler):
     # lookups for seconds after any container starts or stops: with a new connection (and a
     # lookup) per notification, a TrainerDown page came 28-52 s late instead of ~12 s.
     protocol_version = "HTTP/1.1"
-    # Seconds an idle or stalled connection may hold its handler thread: Alertmanager's client
-    # keeps an idle connection 5 minutes (prometheus/common's IdleConnTimeout).
-    timeout = 300
+    # An idle kept-alive connection waits in the server's _WaitingRoom (IDLE_TIMEOUT_S: as
+    # long as Alertmanager's client keeps one, prometheus/common's IdleConnTimeout), holding no
+    # thread; a handler reads one request, each read within HEAD_TIMEOUT_S.
+    timeout = HEAD_TIMEOUT_S
+
+    def __init__(self, request: Any, client_address: Any, server: PagerServer, head: bytes = b"") -> None:
+        self.head, self.rest = head, b""
+        super().__init__(request, client_address, server)
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own file: reads go through what the room read first
+        self.rfile = io.BufferedReader(_Prefixed(self.head, self.connection))
+
+    def handle(self) -> None:
+        """One request; the waiting room holds the connection until the next one comes."""
+        self.close_connection = True
+        self.handle_one_request()
+        if not self.close_connection:  # what came after this request (pipelined) goes back with it
+            self.connection.setblocking(False)
+            try:
+                self.rest = self.rfile.peek(1 << 16) if self.rfile.peek(1) else b""
+                self.rest = self.rfile.read(len(self.rest)) if self.rest else b""
+            finally:
+                self.connection.setblocking(True)
 
     def _reply(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
         self.send_response(code)
@@ -686,9 +898,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._incidents()
         elif path == "/api/ack":
             self._ack()
-        elif path == "/-/ready" and self.server.log.error is not None:
+        elif path == "/-/ready" and (problem := self.server.log.error or self.server.log.writable()) is not None:
             # Not ready while pages cannot be stored: Alertmanager's retries keep them meanwhile.
-            self._reply(503, f"Not ready: {self.server.log.error}\n".encode(errors="backslashreplace"))
+            self._reply(503, f"Not ready: {problem}\n".encode(errors="backslashreplace"))
         else:
             self._reply(200, b"OK\n")
 
@@ -717,8 +929,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _ack(self) -> None:
         """POST /api/ack {alert, run_id, comment, by, ack_id[, silence]}: acknowledge an open incident.
 
-        200 with the incident; 409 if it has not paged or is already acknowledged; 400 on a bad field.
+        200 with the incident; 409 if it has not paged or is already acknowledged; 400 on a bad field;
+        403 from a web page (as the webhook: its Host, an Origin, a body that is not JSON).
         """
+        foreign = self._foreign() or (
+            None if self.headers.get("Content-Type", "").split(";")[0].strip().lower() == "application/json"
+            else f"Content-Type must be application/json, got {self.headers.get('Content-Type', '')!r}"
+        )  # fmt: skip
+        if foreign is not None:
+            return self._reject(403, "foreign", "headers", foreign)
         header = self.headers.get("Content-Length", "")
         length = int(header) if header.strip().isdigit() else -1
         if length < 0 or length > self.server.max_body:
@@ -751,19 +970,42 @@ class _Handler(BaseHTTPRequestHandler):
         return ("\n".join(lines) + "\n").encode()
 
     def _runbook(self, name: str) -> None:
-        """Serve runbooks/<AlertName>.md, so dashboards and pages can link to them."""
+        """Serve runbooks/<AlertName>.md, so dashboards and pages can link to them; a symlink
+        (runbooks/X.md -> /etc/shadow) is not a runbook, whatever it points at."""
         folder = self.server.runbooks
-        if folder is None or not RUNBOOK_NAME.fullmatch(name) or not (folder / name).is_file():
+        path = folder / name if folder is not None and RUNBOOK_NAME.fullmatch(name) else None
+        if path is None or path.is_symlink() or not path.is_file():
             return self._reply(404, f"404 no runbook {name!r}\n".encode())
-        self._reply(200, (folder / name).read_bytes(), "text/markdown; charset=utf-8")
+        self._reply(200, path.read_bytes(), "text/markdown; charset=utf-8")
+
+    def _foreign(self) -> str | None:
+        """Why this request is not Alertmanager's, from its headers alone, or None.
+
+        A web page in the learner's browser can POST here (fetch with mode "no-cors" sends
+        text/plain, and a DNS-rebinding page sends its own Host); Alertmanager sends JSON, to an
+        address of the pager's, and never an Origin.
+        """
+        if not host_allowed(self.headers.get("Host"), self.server.hosts):
+            served = ", ".join(sorted(self.server.hosts))
+            return f"Host {self.headers.get('Host')!r} is not the pager's (it answers as {served})"
+        if "Origin" in self.headers:
+            return f"a browser's request (Origin {self.headers['Origin']!r}); only Alertmanager posts here"
+        return None
 
     def _webhook(self, watchdog: bool = False) -> None:
+        foreign = self._foreign()  # before the body is read: a refused request costs nothing
+        if foreign is not None:
+            return self._reject(403, "foreign", "headers", foreign)
         header = self.headers.get("Content-Length")
         if header is None:
             return self._reject(411, "length_required", "Content-Length", "header is required")
         length = int(header) if header.strip().isascii() and header.strip().isdigit() else -1
         if length < 0:
             return self._reject(400, "malformed", "Content-Length", f"must be a byte count, got {header!r}")
+        if self.headers.get("Content-Type", "").split(";")[0].strip().lower() != "application/json":
+            # what fetch(url, {mode: "no-cors"}) sends: text/plain, a form, or none
+            found = self.headers.get("Content-Type", "")
+            return self._reject(403, "foreign", "headers", f"Content-Type must be application/json, got {found!r}")
         if length > self.server.max_body:
             # Read and drop the body in small chunks, so the client is not reset before it reads the 413.
             remaining = min(length, DRAIN_LIMIT)
@@ -814,6 +1056,7 @@ def make_server(
     runbooks: Path | None = None,
     watchdog_timeout: float = WATCHDOG_TIMEOUT_S,
     prometheus: str = "",
+    allow_hosts: tuple[str, ...] | list[str] = (),
 ) -> PagerServer:
     """Load the page log and bind the pager to host:port (0 picks a free port); call serve_forever() to run it.
 
@@ -832,5 +1075,6 @@ def make_server(
     server.runbooks = runbooks  # GET /runbooks/<Alert>.md serves this folder's runbooks
     server.watchdog.timeout = watchdog_timeout
     server.prometheus = prometheus  # each page stores its alert's rule in force, read from here
+    server.hosts = served_hosts(host, server.server_address[1], allow_hosts)  # e.g. compose's `pager`
     threading.Thread(target=server.watch, args=(server.stopped,), name="watchdog", daemon=True).start()
     return server

@@ -74,7 +74,14 @@ def one_line(message: object) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # while a command's modules import (numpy's 0.4 s), before its own handler
+        print("runwatch: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] in DELEGATED:
         module, function = DELEGATED[argv[0]]
         return getattr(importlib.import_module(module), function)(argv[1:])

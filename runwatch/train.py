@@ -34,6 +34,7 @@ from runwatch.trainer.config import (
     INCIDENTS,
     MAX_LR,
     MAX_RANKS,
+    MAX_SEED,
     MAX_STEPS,
     SEED,
     STEP,
@@ -44,7 +45,7 @@ from runwatch.trainer.config import (
 )
 from runwatch.trainer.live import RunRecord, run_live, unique_run_id, watch_of
 from runwatch.trainer.offline import simulate, write_openmetrics
-from runwatch.trainer.run import Trainer
+from runwatch.trainer.run import NonFiniteCheckpointError, Trainer
 from runwatch.trainer.sealed import unseal
 
 RANDOM = "random"
@@ -57,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
         help=f"one of {', '.join(INCIDENTS)}, or {RANDOM} for a drill; with --ranks, {', '.join(CLUSTER_INCIDENTS)}; "
         "INCIDENT:STRENGTH for a smaller one, e.g. lr_spike:0.1 (strength in (0, 1], 1 the plate's)",
     )  # fmt: skip
-    p.add_argument("--seed", type=SEED, default=d.seed, help="seeds batches, held-out set and jitter")
+    p.add_argument("--seed", type=SEED, default=None,
+                   help=f"seeds batches, held-out set, jitter (default {d.seed}; a drill draws its own)")  # fmt: skip
     p.add_argument("--steps", type=number(int, 1, MAX_STEPS), default=d.steps)
     p.add_argument("--onset", type=STEP, default=None, help=f"first incident step (default {d.onset})")
     p.add_argument(
@@ -147,6 +149,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
         incident, strength = incident_of(args.incident)
     if args.sealed_answer is not None and not drill:
         raise UsageError("--sealed-answer: only with --incident random")
+    if args.seed is not None and drill:
+        raise UsageError("--seed: a drill (--incident random) draws its seed in secret; --drill-seed repeats a draw")
     if drill:
         if args.sealed_answer is not None:
             answer = read_sealed_answer(args.sealed_answer)
@@ -157,10 +161,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
         incident = answer["incident"]
         if onset is None:
             onset = answer["onset"]
+    # A drill trains the seed drawn with its answer, never one in argv: a known seed replays offline.
+    seed = answer.get("seed", TrainConfig.seed) if drill else TrainConfig.seed if args.seed is None else args.seed
     cfg = TrainConfig(
         incident=incident,
         strength=strength,
-        seed=args.seed,
+        seed=seed,
         steps=args.steps,
         onset=TrainConfig.onset if onset is None else onset,
         lr=TrainConfig.lr if args.lr is None else args.lr,
@@ -178,8 +184,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
         if err.field == "onset" and 0 <= cfg.onset:
             raise UsageError(f"--steps: must be greater than --onset ({cfg.onset}), got {cfg.steps}") from None
         raise incident_error(err) from None
-    public = dataclasses.replace(cfg, incident=HIDDEN, onset=-1) if drill else cfg
+    public = hidden(cfg) if drill else cfg
     return cfg, public
+
+
+def hidden(cfg: TrainConfig) -> TrainConfig:
+    """What a drill's run may show of its config (run.json): not its incident, onset or seed."""
+    return dataclasses.replace(cfg, incident=HIDDEN, onset=-1, seed=-1)
 
 
 def incident_of(text: str) -> tuple[str, float]:
@@ -204,6 +215,8 @@ def read_sealed_answer(path: Path) -> dict:
         raise UsageError(f"--sealed-answer: {err}") from None
     if answer.get("incident") not in INCIDENTS + CLUSTER_INCIDENTS or not isinstance(answer.get("onset"), int):
         raise UsageError(f"--sealed-answer: {path} holds no incident and onset")
+    if not isinstance(answer.get("seed", 0), int) or not 0 <= answer.get("seed", 0) <= MAX_SEED:
+        raise UsageError(f"--sealed-answer: {path} holds a seed out of [0, {MAX_SEED}]")
     return answer
 
 
@@ -235,6 +248,8 @@ def resume(args: argparse.Namespace) -> Trainer:
         trainer = Trainer.from_checkpoint(args.resume)
     except FileNotFoundError:
         raise UsageError(f"--resume: no checkpoint at {args.resume}") from None
+    except NonFiniteCheckpointError as err:
+        raise UsageError(f"--resume: {err}") from None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:  # empty, truncated, foreign
         raise UsageError(f"--resume: {args.resume} is not a runwatch checkpoint ({err})") from None
     if trainer.cfg.ranks > 1 or args.ranks > 1:
@@ -256,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     resumed = resume(args) if args.resume is not None else None
     if resumed is not None:  # the run goes on as saved: its config, seed and incident
         cfg = resumed.cfg
-        public = dataclasses.replace(cfg, incident=HIDDEN, onset=-1) if cfg.drill else cfg
+        public = hidden(cfg) if cfg.drill else cfg
     else:
         cfg, public = config_from_args(args)
     if args.offline:

@@ -427,3 +427,69 @@ def test_bad_cluster_flags(tmp_path, args, flag):
     res = backtest("--seeds", "0", *args, cwd=tmp_path)
     assert res.returncode == 2
     assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr, res.stderr
+
+
+# --- issue 28, item 10: hostile rule files, and Ctrl-C at any moment ---
+
+
+@pytest.mark.integration
+def test_a_rule_file_that_is_a_device_or_too_big_is_refused_before_promtool_reads_it(tmp_path):
+    """`--rules` with a.yml -> /dev/zero took promtool to 8.5 GB in 5 s."""
+    for name, make in (("device", lambda p: p.symlink_to("/dev/zero")),
+                       ("huge", lambda p: p.write_bytes(b"#" * ((bt.MAX_RULE_FILE_BYTES) + 1)))):  # fmt: skip
+        rules = tmp_path / name
+        shutil.copytree(REPO / "prometheus" / "rules", rules)
+        make(rules / "a.yml")
+        res = backtest("--seeds", "0", "--rules", str(rules), "--no-cache", cwd=tmp_path)
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert res.stderr.startswith("runwatch backtest: --rules: ") and "a.yml" in res.stderr
+
+
+def _interrupt_group(proc: subprocess.Popen) -> None:
+    """Ctrl-C as a terminal sends it: to the whole foreground process group, workers included."""
+    os.killpg(proc.pid, signal.SIGINT)
+
+
+def _backtest_in_a_group(tmp_path: Path, *args: str) -> subprocess.Popen:
+    def own_group() -> None:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # see test_ctrl_c_stops_prometheus
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "backtest", "--seeds", "0-3", "--no-cache", *args], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=own_group,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+
+
+@pytest.mark.integration
+def test_ctrl_c_while_the_loader_starts_stops_it_and_every_worker(tmp_path):
+    """Ctrl-C while the loading Prometheus started left it running with its folder gone (2 of 10
+    tries), and once hung over 60 s in the process pool. Now every child stops, with one line."""
+    proc = _backtest_in_a_group(tmp_path)
+    children = wait_for(lambda: its_prometheus(proc.pid), 60, "the loading Prometheus")
+    everyone = psutil.Process(proc.pid).children(recursive=True)  # the workers too, if they have started
+    _interrupt_group(proc)
+    _, err = proc.communicate(timeout=30)  # the bound of Process.stop's grace, and the pool's joins
+    assert proc.returncode == 130 and err.strip().splitlines() == ["runwatch backtest: interrupted"], err
+    for child in children + everyone:
+        assert not (child.is_running() and child.status() != psutil.STATUS_ZOMBIE), child
+    assert not list(tmp_path.glob("runwatch-backtest-*"))
+
+
+@pytest.mark.integration
+def test_ctrl_c_while_the_command_imports_is_one_line(tmp_path):
+    """Before 0.45 s, while the backtest's modules import (numpy's), a Ctrl-C printed a traceback."""
+    proc = _backtest_in_a_group(tmp_path)
+
+    def importing_numpy() -> bool:
+        try:
+            return any("numpy" in m.path for m in psutil.Process(proc.pid).memory_maps())
+        except psutil.Error:
+            return False
+
+    wait_for(importing_numpy, 30, "the backtest importing numpy")
+    _interrupt_group(proc)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines() in (["runwatch: interrupted"], ["runwatch backtest: interrupted"]), err

@@ -82,6 +82,20 @@ def _wrong_shape(path: Path, good: Path) -> None:
 
 
 @pytest.mark.integration
+def test_resume_of_a_checkpoint_with_nan_weights_is_refused(tmp_path, checkpoint):
+    """Issue 28, item 11: it resumed and trained "loss nan" silently."""
+    with np.load(checkpoint) as saved:
+        arrays = {key: saved[key] for key in saved.files}
+    w = arrays["w"].copy()
+    w[0, 0] = np.nan
+    np.savez(tmp_path / "nan.npz", **{**arrays, "w": w})
+    res = runwatch("train", "--resume", str(tmp_path / "nan.npz"), "--port", "0", "--run-dir", "run", cwd=tmp_path,
+                   timeout=60)  # fmt: skip
+    one_line(res, 2, "--resume", "not finite")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("damage", [_empty, _truncated, _wrong_shape])
 def test_resume_of_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_path, checkpoint, damage):
     bad = tmp_path / "bad.npz"
@@ -137,8 +151,11 @@ def test_a_damaged_pid_file_is_reported_and_removed_never_trusted(tmp_path):
     pids.mkdir(parents=True)
     (pids / "trainer.json").write_text('{"pid": 12')  # truncated by a crash
     (pids / "pager.json").write_text('["a", "list"]')  # the wrong type
+    # issue 28: an object of the wrong shape (KeyError: 'pid', and a format error)
+    (pids / "console.json").write_text('{"argv": ["x"], "url": "u"}')
+    (pids / "alertmanager.json").write_text('{"pid": "12", "argv": ["x"], "url": "u"}')
     res = runwatch("status", "--state-dir", str(tmp_path / "state"), cwd=tmp_path, timeout=60)
-    assert res.returncode == 1 and res.stdout.count("DAMAGED") == 2 and "Traceback" not in res.stderr
+    assert res.returncode == 1 and res.stdout.count("DAMAGED") == 4 and "Traceback" not in res.stderr
     res = runwatch("down", "--state-dir", str(tmp_path / "state"), cwd=tmp_path, timeout=60)
     assert res.returncode == 0 and "stop it by hand" in res.stderr and "Traceback" not in res.stderr
     assert list(pids.iterdir()) == []
@@ -149,7 +166,9 @@ def test_a_damaged_pid_file_is_reported_and_removed_never_trusted(tmp_path):
     "name, text, command",
     [("lab.json", '{"run_id": ', ["reload"]), ("lab.json", "[]", ["reload"]),
      ("drill.json", '{"run_id": "x"', ["diagnose", "none"]), ("drill.json", '"text"', ["ack", "HeldOutGap"]),
-     ("drill.json", '{"run_id": "x", "acks": []}', ["diagnose", "none"])],
+     ("drill.json", '{"run_id": "x", "acks": []}', ["diagnose", "none"]),
+     ("drill.json", '{"run_id": ', ["drill"]), ("drill.json", "[" * 100_000, ["drill"]),
+     ("lab.json", "[" * 100_000, ["reload"])],
 )  # fmt: skip
 def test_a_damaged_state_file_is_one_line_naming_it(tmp_path, name, text, command):
     state = tmp_path / "state"
@@ -163,8 +182,45 @@ def test_a_damaged_state_file_is_one_line_naming_it(tmp_path, name, text, comman
 def test_a_torn_scoreboard_line_is_skipped(tmp_path):
     board = tmp_path / "scoreboard.jsonl"
     rows = [{"run_id": "a", "correct": True}, {"run_id": "b", "correct": False}]
-    board.write_text(json.dumps(rows[0]) + '\n{"run_id": "c", "corr\n' + json.dumps(rows[1]) + "\n")
+    nested = "[" * 100_000  # issue 28: it failed every diagnose, naming no file
+    board.write_text(json.dumps(rows[0]) + '\n{"run_id": "c", "corr\n' + nested + "\n" + json.dumps(rows[1]) + "\n")
     assert scoreboard_line(board) == "scoreboard: 1/2 drills diagnosed correctly"
+
+
+def test_a_deeply_nested_page_log_line_is_skipped_and_the_pager_starts(tmp_path):
+    """Issue 28, item 8: one such line gave `runwatch pager` a RecursionError and kept
+    `pager-serve` (and so `up`) from starting."""
+    import io
+
+    from runwatch.oncall.pager import PageLog, read_pages
+
+    log = tmp_path / "pages.jsonl"
+    page = {"alert": "A", "fingerprint": "f", "starts_at": "s", "status": "firing", "received_at": "r"}
+    log.write_text(json.dumps(page) + "\n" + "[" * 100_000 + "\n")
+    said = io.StringIO()
+    assert read_pages(log, stderr=said) == [page] and "line 2" in said.getvalue()
+    assert PageLog(log).seen == {("f", "s", "firing")}
+
+
+@pytest.mark.integration
+def test_a_postmortem_over_a_damaged_run_json_is_written_without_the_run_end(tmp_path):
+    """Issue 28, item 8: a damaged run.json gave `postmortem` a JSONDecodeError, AttributeError or
+    ValueError; it is the trainer's record, so the timeline goes without its end and says why."""
+    state = tmp_path / "state"
+    (state / "runs" / "drill-1").mkdir(parents=True)
+    record = {"run_id": "drill-1", "started_at": 1.0e9, "acks": [],
+              "diagnosis": {"at": 1.0e9 + 60, "incident": "none"},
+              "grade": {"diagnosed": "none", "correct": True, "incident": "none", "onset": None, "first_page": None,
+                        "onset_to_first_page_s": None, "first_page_to_ack_s": None,
+                        "first_page_to_diagnosis_s": None}}  # fmt: skip
+    (state / "drill.json").write_text(json.dumps(record))
+    for damaged in ('{"ended_at": ', '["a list"]', '{"ended_at": "not a time"}'):
+        (state / "runs" / "drill-1" / "run.json").write_text(damaged)
+        res = runwatch("postmortem", "--out", str(tmp_path / "pm.md"), "--state-dir", str(state), cwd=tmp_path,
+                       timeout=120)  # fmt: skip
+        assert "Traceback" not in res.stderr, res.stderr
+        assert "run.json" in res.stderr or "not a time" in res.stderr, res.stderr
+        assert (tmp_path / "pm.md").exists() and "Run ended" not in (tmp_path / "pm.md").read_text()
 
 
 @pytest.mark.integration

@@ -5,12 +5,15 @@ and how it fails. The browser tests on a live lab are in test_console_e2e.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
+import psutil
 import pytest
 import requests
 from prometheus_client import CollectorRegistry
@@ -23,6 +26,7 @@ from tests.conftest import runwatch
 pytestmark = pytest.mark.integration  # a console and a pager of its own, over HTTP
 
 HOSTILE = '<script>alert(1)</script><img src=x onerror="alert(2)">'
+CONSOLE_PROC: dict[int, subprocess.Popen] = {}  # the fixture's console, by port: its memory is measured
 
 
 @pytest.fixture(scope="module")
@@ -33,18 +37,30 @@ def console(tmp_path_factory):
     page = {"received_at": "2026-01-01T00:00:01.000Z", "alert": "HtmlPage", "status": "firing", "run_id": "r1",
             "step": "300", "summary": HOSTILE, "description": HOSTILE, "severity": "page",
             "rule": {"expr": "x > 3 <b>", "for": "10s"}}  # fmt: skip
-    (tmp / "pages.jsonl").write_text(json.dumps(page) + "\n")
+    # a lone surrogate is valid JSON but not UTF-8 (issue 28, item 4): any local process can post one
+    lone = {
+        **page,
+        "alert": "LoneSurrogate",
+        "run_id": "r2",
+        "summary": "x\ud800y",
+        "received_at": "2026-01-01T00:00:02.000Z",
+    }
+    beside = {**page, "alert": "BesideIt", "run_id": "r2", "summary": "a page of the same run"}
+    (tmp / "pages.jsonl").write_text("".join(json.dumps(p) + "\n" for p in (page, lone, beside)))
     pager = make_server("127.0.0.1", 0, tmp / "pages.jsonl", registry=CollectorRegistry(), runbooks=DEFAULT_RUNBOOKS)
     threading.Thread(target=pager.serve_forever, daemon=True).start()
     nowhere = f"http://127.0.0.1:{free_port()}"
     port = free_port()
+    spool = tmp / "tmp"  # the console's TMPDIR: where a multipart upload would be spooled
+    spool.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "runwatch", "console", "--port", str(port), "--prometheus", nowhere,
          "--alertmanager", nowhere, "--pager", f"http://127.0.0.1:{pager.server_address[1]}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(spool)},
     )  # fmt: skip
     try:
         assert wait_ready(f"http://127.0.0.1:{port}/-/ready", 30, proc), proc.stderr.read()
+        CONSOLE_PROC[port] = proc
         yield f"http://127.0.0.1:{port}", nowhere
     finally:
         proc.terminate()
@@ -159,6 +175,118 @@ def test_the_labs_own_run_is_selected_and_listed_first_from_its_start_and_the_dr
             form = page[page.index('id="diagnose-incident"') :].split("</select>")[0]
             assert '<option value="" selected disabled>' in form and 'value="none"' in form
             assert ('value="straggler"' in form) is cluster, ranks
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# --- issue 28: a web page in the learner's browser, and bodies that cost before they are refused ---
+
+
+def _token(base: str) -> str:
+    return re.search(r'name="token" value="([^"]+)"', requests.get(f"{base}/?run=r1", timeout=10).text)[1]
+
+
+def _raw(base: str, head: str, body: bytes = b"") -> tuple[int, bytes]:
+    """One request as a hostile client writes it (any Host, any length); the status and the answer."""
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer) < 12:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    return int(answer.split(b" ", 2)[1]), answer
+
+
+def test_a_dns_rebinding_page_gets_no_token_and_drives_nothing(console):
+    """Item 2: with Host rebind.attacker.example:PORT (its name, resolved to 127.0.0.1), the page
+    was served the form token, and its POST to /ack with the matching Origin made a silence."""
+    base, _ = console
+    port = base.rsplit(":", 1)[1]
+    rebound = f"rebind.attacker.example:{port}"
+    resp = requests.get(f"{base}/?run=r1", headers={"Host": rebound}, timeout=10)
+    assert resp.status_code == 421 and 'name="token"' not in resp.text
+    token = _token(base)  # even with the token (read some other way), nothing runs
+    form = {"alert": "HtmlPage", "run": "r1", "comment": "x", "token": token}
+    for path in ("/ack", "/diagnose", "/postmortem"):
+        resp = requests.post(f"{base}{path}", data=form, headers={"Host": rebound, "Origin": f"http://{rebound}"},
+                             timeout=10, allow_redirects=False)  # fmt: skip
+        assert resp.status_code == 421, path  # not the 303 of an action that ran
+    for own in (f"127.0.0.1:{port}", f"localhost:{port}"):  # the console's own names still serve
+        assert requests.get(f"{base}/-/ready", headers={"Host": own}, timeout=10).status_code == 200
+
+
+def test_big_and_multipart_bodies_are_refused_from_their_headers(console):
+    """Item 5: 300 fields of 1 MB took the console from 43 to 349 MB, and a 200 MB multipart upload
+    from a foreign Origin was spooled to a temporary file before it was refused. Now Host, Origin
+    and Content-Length are read first: the bodies are never read, so nothing grows or spools."""
+    base, _ = console
+    proc = psutil.Process(CONSOLE_PROC[int(base.rsplit(":", 1)[1])].pid)
+    before = proc.memory_info().rss
+    host = base.removeprefix("http://")
+    fields = "&".join(f"f{i}=" + "x" * (1 << 20) for i in range(300))
+    head = f"POST /ack HTTP/1.1\nHost: {host}\nContent-Type: application/x-www-form-urlencoded\n"
+    status, _ = _raw(base, head + f"Content-Length: {len(fields)}\n", fields[: 1 << 16].encode())
+    assert status == 413
+    multipart = f"POST /ack HTTP/1.1\nHost: {host}\nContent-Type: multipart/form-data; boundary=b\n"
+    upload = b"--b\r\nContent-Disposition: form-data; name=f; filename=a\r\n\r\n" + b"x" * (1 << 16)
+    size = 200 << 20
+    assert _raw(base, multipart + f"Origin: http://evil.example\nContent-Length: {size}\n", upload)[0] == 403
+    assert _raw(base, multipart + f"Content-Length: {size}\n", upload)[0] == 415  # never a file part
+    assert _raw(base, head, b"token=x")[0] == 411  # no Content-Length
+    assert list((Path(proc.environ()["TMPDIR"])).iterdir()) == []  # nothing spooled
+    assert proc.memory_info().rss - before < 20 << 20  # no body was read into memory
+    # the console's own form, small and urlencoded, still works
+    token = _token(base)
+    form = {"alert": "HtmlPage", "run": "r1", "comment": "ok", "token": token}
+    resp = requests.post(f"{base}/ack", data=form, headers={"Origin": base}, timeout=60, allow_redirects=False)
+    assert resp.status_code == 303
+
+
+def test_a_nul_byte_in_a_form_is_a_400_naming_the_field(console):
+    """Item 11: a NUL in a form field went into the command line an action runs: a 500."""
+    base, _ = console
+    form = {"alert": "HtmlPage", "run": "r1", "comment": "a\x00b", "token": _token(base)}
+    resp = requests.post(f"{base}/ack", data=form, headers={"Origin": base}, timeout=10, allow_redirects=False)
+    assert resp.status_code == 400 and "comment" in resp.text and "NUL" in resp.text
+
+
+def test_a_lone_surrogate_in_a_page_is_escaped_and_hides_no_page(console):
+    """Item 4: one lone surrogate in a stored page made the run's pages pane a 500, hiding every
+    page of the run. It is shown escaped, as `runwatch pager` prints it."""
+    base, _ = console
+    resp = requests.get(f"{base}/pages", params={"run": "r2"}, timeout=10)
+    assert resp.status_code == 200
+    assert "x\\ud800y" in resp.text and "a page of the same run" in resp.text
+
+
+def test_a_postmortem_and_its_plate_are_the_state_dirs_own_files(tmp_path):
+    """Item 11: a postmortem path escaped through an existing postmortem-* folder, and a
+    symlinked plate PNG was served."""
+    state = tmp_path / "state"
+    (state / "postmortem-a").mkdir(parents=True)
+    (state / "postmortem-a" / "postmortem-b.md").write_text("# not the lab's\n")
+    (state / "postmortem-r1.md").write_text("# Postmortem r1\n")
+    (tmp_path / "secret.png").write_bytes(b"\x89PNG secret")
+    (state / "postmortem-r1-plate.png").symlink_to(tmp_path / "secret.png")
+    port, nowhere = free_port(), f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "console", "--port", str(port), "--prometheus", nowhere, "--alertmanager",
+         nowhere, "--pager", nowhere, "--state-dir", str(state)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_ready(f"{base}/-/ready", 30, proc), proc.stderr.read()
+        assert requests.get(f"{base}/postmortem/", params={"run": "r1"}, timeout=10).status_code == 200
+        for run in ("a/postmortem-b", "a/../postmortem-a/postmortem-b"):
+            resp = requests.get(f"{base}/postmortem/", params={"run": run}, timeout=10)
+            assert resp.status_code == 404 and "not the lab" not in resp.text, run
+        resp = requests.get(f"{base}/postmortem/postmortem-r1-plate.png", timeout=10)
+        assert resp.status_code == 404 and b"secret" not in resp.content
     finally:
         proc.terminate()
         proc.wait(10)

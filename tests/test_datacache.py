@@ -100,3 +100,49 @@ def test_a_kept_result_comes_back_only_for_its_own_spec_and_intact(tmp_path):
     assert cache.result("k", spec) is None and not kept.exists()
     kept.write_text("{not json")
     assert cache.result("k", spec) is None and not kept.exists()
+
+
+# --- issue 28: a cache that is not all its own, and damaged entries ---
+
+
+def test_eviction_deletes_only_the_caches_own_entries(tmp_path):
+    """Item 10: a `my-notes/` folder beside the cache's entries went at the next eviction."""
+    root = tmp_path / "cache"
+    (root / "my-notes").mkdir(parents=True)
+    (root / "my-notes" / "notes.md").write_bytes(os.urandom(300_000))  # older and bigger than any entry
+    os.utime(root / "my-notes", (1000, 1000))
+    (root / "a-file").write_bytes(os.urandom(1000))
+    cache = DataCache(root, max_bytes=150_000)
+    for key in ("old", "new"):
+        cache.put(key, blocks(tmp_path, key, 100_000), {})
+    assert sorted(p.name for p in root.iterdir()) == ["a-file", "my-notes", "new"]  # "old" went, nothing else
+    assert len((root / "my-notes" / "notes.md").read_bytes()) == 300_000
+
+
+@pytest.mark.parametrize("damage", ["a directory for a result", "a nested manifest", "a file for an entry"])
+def test_a_damaged_entry_is_set_aside_and_the_cache_works_on(tmp_path, damage):
+    """Item 8: a nested or directory entry in the cache failed every backtest until deleted."""
+    root = tmp_path / "cache"
+    cache = DataCache(root, max_bytes=1 << 20)
+    spec = {"query": "up"}
+    cache.put("k", blocks(tmp_path, "data", 10), {})
+    if damage == "a directory for a result":
+        cache.keep("k", spec, [1])
+        (result,) = (root / "k" / "results").iterdir()
+        result.unlink()
+        (result / "x").mkdir(parents=True)
+        assert cache.result("k", spec) is None and not result.exists()
+        cache.keep("k", spec, [2])
+        assert cache.result("k", spec) == [2]
+    else:
+        import shutil
+
+        shutil.rmtree(root / "k")
+        if damage == "a nested manifest":
+            (root / "k").mkdir()
+            (root / "k" / MANIFEST).write_text("[" * 100_000)
+        else:
+            (root / "k").write_text("not an entry")
+        assert cache.get("k", tmp_path / "out") is None and not (root / "k").exists()
+        cache.put("k", blocks(tmp_path, "again", 10), {"runs": 1})
+        assert cache.get("k", tmp_path / "out") == {"runs": 1}

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from runwatch.core.addresses import lab_url
+from runwatch.drill.drill import notification_window_s
 from runwatch.oncall.pager import read_pages
 from runwatch.prom.server import instant
 from tests.conftest import runwatch, wait_for
@@ -82,6 +83,8 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert 247 not in record["config"].values() and "corrupt_shard" not in json.dumps(record)
     trainer = json.loads((state / "pids" / "trainer.json").read_text())  # what `ps` shows of it
     assert "--drill-seed" not in trainer["argv"] and "corrupt_shard" not in trainer["argv"]
+    # nor its training seed (issue 28): drawn in secret, a replay of it would name the onset
+    assert "--seed" not in trainer["argv"] and 'seed="hidden"' in metrics and record["config"]["seed"] == -1
     forge_a_page(lab_url(state, "pager"), run_id)
 
     res = runwatch("drill", "--state-dir", str(state), cwd=tmp_path)
@@ -145,6 +148,26 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert res.returncode == 2 and "already diagnosed" in res.stderr
     (state / "drill.json").write_text(json.dumps(record))
 
+    # Issue 28: a page of a real alert forged after it stopped firing was a confirmed "Page".
+    # Forged for an alert of the run that has resolved, once ALERTS has not had it firing for
+    # the longest Alertmanager may take to page (notification_window_s, from alertmanager.yml).
+    window = notification_window_s(state / "alertmanager" / "alertmanager.yml")
+
+    def resolved_a_window_ago() -> str | None:
+        for name in {p["alert"] for p in read_pages(state / "pages.jsonl") if p["status"] == "resolved"}:
+            recent = f'ALERTS{{alertname="{name}",run_id="{run_id}",alertstate="firing"}}[{int(window) + 2}s]'
+            if name != FORGED["alertname"] and not instant(lab_url(state, "prometheus"), f"count_over_time({recent})"):
+                return name
+        return None
+
+    gone = wait_for(resolved_a_window_ago, 120, "an alert of the run resolved a notification window ago")
+    late = {
+        "status": "firing", "fingerprint": "late", "startsAt": "2026-01-01T00:00:00Z",
+        "labels": {"alertname": gone, "run_id": run_id, "severity": "page"},
+        "annotations": {"summary": "a late forgery"},
+    }  # fmt: skip
+    assert requests.post(f"{lab_url(state, 'pager')}/webhook", json={"alerts": [late]}, timeout=5).status_code == 200
+
     out = tmp_path / "pm.md"
     res = runwatch("postmortem", "--out", str(out), "--state-dir", str(state), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -158,6 +181,8 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     firsts = [kinds.index(k) for k in order]
     assert firsts == sorted(firsts), rows
     assert [t for t, _ in rows] == sorted(t for t, _ in rows)
+    (late_row,) = [event for _, event in rows if "a late forgery" in event]
+    assert late_row.startswith("Unconfirmed page") and f": {gone} (step" in late_row, late_row
     forged = [event for _, event in rows if "ForgedPage" in event]  # shown, but inert
     assert (
         len(forged) == 1
@@ -220,3 +245,14 @@ def test_drill_commands_refuse_bad_input_in_one_line(tmp_path, args, names):
     res = runwatch(*args, "--state-dir", str(state), cwd=tmp_path)
     assert res.returncode == 2 and names in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not state.exists()  # nothing was started or written
+
+
+def test_the_confirmation_window_is_alertmanagers_own(tmp_path):
+    """The longest group_wait (5 s, warnings) and group_interval (5 s, inherited by every route)
+    of alertmanager.yml, plus Prometheus's resend delay (2 s); Alertmanager's defaults where the
+    file says nothing (30 s and 5 m)."""
+    from runwatch.core.paths import REPO
+
+    assert notification_window_s(REPO / "alertmanager" / "alertmanager.yml") == 5 + 5 + 2
+    (tmp_path / "am.yml").write_text("route:\n  receiver: x\n  routes:\n    - receiver: y\n      group_wait: 1m\n")
+    assert notification_window_s(tmp_path / "am.yml") == 60 + 300 + 2

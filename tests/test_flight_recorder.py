@@ -2,7 +2,7 @@
 
 import pytest
 
-from runwatch.exporter.rank_metrics import RankMetrics
+from runwatch.exporter.rank_metrics import RANK_COLLECTIVE_SEQ, RankMetrics
 from runwatch.exporter.server import start
 from runwatch.prom.server import Process, free_port, instant, prometheus_argv
 from tests.conftest import need, runwatch, wait_for
@@ -67,3 +67,43 @@ def test_errors_name_the_flag(four_ranks, tmp_path):
     closed = f"http://127.0.0.1:{free_port()}"
     res = runwatch("flight-recorder", "--run", "rk", "--prometheus", closed, "--state-dir", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "--prometheus" in res.stderr
+
+
+class Odd:
+    """A hand-run exporter's rank series: one without a rank, one with a NaN sequence number,
+    and no step or last-step series at all (anything can be scraped or pushed)."""
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        seq = GaugeMetricFamily(RANK_COLLECTIVE_SEQ, "seq", labels=["run_id", "rank"])
+        seq.add_metric(["odd", ""], 3)  # an empty label is no label: a series without a rank
+        seq.add_metric(["odd", "1"], float("nan"))
+        seq.add_metric(["odd", "0"], 5)
+        yield seq
+
+
+def test_series_without_rank_nan_or_no_step_are_left_out_not_a_traceback(tmp_path):
+    """Issue 28, item 8: flight-recorder on series without `rank`, a NaN sequence number or no
+    step series ended in a traceback."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    registry.register(Odd())
+    server = start(registry, 0)
+    port, target = free_port(), f"127.0.0.1:{server.server_address[1]}"
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\n"
+        f"scrape_configs: [{{job_name: odd, static_configs: [{{targets: ['{target}']}}]}}]\n"
+    )
+    argv = prometheus_argv(need("prometheus"), tmp_path / "prometheus.yml", tmp_path / "data", port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with Process(argv, f"{base}/-/ready", tmp_path / "prometheus.log"):
+            wait_for(lambda: len(instant(base, f'{RANK_COLLECTIVE_SEQ}{{run_id="odd"}}')) == 3, 30, "the odd series")
+            res = runwatch("flight-recorder", "--run", "odd", "--prometheus", base, "--state-dir", str(tmp_path),
+                           cwd=tmp_path)  # fmt: skip
+    finally:
+        server.shutdown()
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "run odd: 1 ranks" in res.stdout and "never scraped" in res.stdout, res.stdout

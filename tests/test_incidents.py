@@ -34,7 +34,8 @@ class Clocked:
     def call(self, method: str, path: str, obj=None) -> tuple[int, dict]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
-            conn.request(method, path, body=None if obj is None else json.dumps(obj).encode())
+            sent = {"Content-Type": "application/json"} if obj is not None else {}  # as Alertmanager and `ack` post
+            conn.request(method, path, body=None if obj is None else json.dumps(obj).encode(), headers=sent)
             resp = conn.getresponse()
             return resp.status, json.loads(resp.read())
         finally:
@@ -211,7 +212,7 @@ def test_a_resolved_page_stores_what_its_rule_measured_when_it_resolved(tmp_path
                 for status in ("firing", "resolved"):
                     body = json.dumps(payload({**page, "status": status})).encode()
                     conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
-                    conn.request("POST", "/webhook", body=body)
+                    conn.request("POST", "/webhook", body=body, headers={"Content-Type": "application/json"})
                     assert conn.getresponse().status == 200
                     conn.close()
         finally:

@@ -15,7 +15,7 @@ import requests
 
 from runwatch.lab.supervise import Lab
 from runwatch.prom.server import port_is_free
-from tests.conftest import runwatch
+from tests.conftest import runwatch, wait_for
 
 UP = [sys.executable, "-m", "runwatch", "up", "--ports", "free"]
 
@@ -90,3 +90,39 @@ def test_sigterm_while_starting_stops_what_had_started(state):
     assert [
         name for name in ("trainer", "pager", "alertmanager", "prometheus", "console") if not port_is_free(ports[name])
     ] == []
+
+
+def test_down_ends_the_whole_job_of_a_launcher_killed_minus_9(state):
+    """Issue 28, item 9: `up --ranks 4`, kill -9 of the launcher, and `down` said everything was
+    stopped while mpiexec, its proxy and four ranks trained on as orphans, holding port 8000 for
+    the next `up`. `down` ends the trainer's whole session: its every process, and the port."""
+    import psutil
+
+    res = runwatch("up", "--ports", "free", "--ranks", "4", "--detach", "--state-dir", str(state), cwd=state.parent,
+                   timeout=180)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    launcher = Lab(state).records()["trainer"]
+
+    def the_job() -> list:
+        """Every process the launcher's job runs, once its four ranks do: they start after it answers."""
+        job = psutil.Process(launcher["pid"]).children(recursive=True)  # each in a session of its own
+        return job if len([p for p in job if "PMI_RANK" in _environ(p)]) == 4 else []
+
+    job = wait_for(the_job, 60, "the launcher's four ranks")
+    assert any("mpiexec" in " ".join(p.cmdline()) for p in job), [p.cmdline() for p in job]
+    port = int(launcher["url"].rsplit(":", 1)[1].split("/")[0])
+    psutil.Process(launcher["pid"]).kill()  # the launcher crashes; its job does not notice at once
+    psutil.Process(launcher["pid"]).wait(10)
+    res = runwatch("down", "--state-dir", str(state), cwd=state.parent)
+    assert res.returncode == 0 and "trainer" in res.stdout, res.stdout + res.stderr
+    assert not [p for p in job if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert port_is_free(port)
+
+
+def _environ(proc) -> dict:
+    import psutil
+
+    try:
+        return proc.environ()
+    except psutil.Error:
+        return {}

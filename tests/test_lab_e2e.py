@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -260,12 +261,43 @@ def test_reload_runs_what_check_runs_and_names_rules_that_fail_when_evaluated(la
         "        expr: process_cpu_seconds_total * on() process_cpu_seconds_total\n"  # no unit test has it
     )
     res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
-    assert res.returncode == 1 and "reloaded prometheus" in res.stdout, res.stdout
-    assert "fails when evaluated: job:cpu:product (group runwatch-baselines)" in res.stdout
-    assert "many-to-many" in res.stdout
+    assert res.returncode == 1 and "refused, the new rules do not evaluate" in res.stdout, res.stdout
+    assert "job:cpu:product (group runwatch-baselines)" in res.stdout and "many-to-many" in res.stdout
+    # issue 28: it was reported but stayed loaded; the rules in force before are back
+    assert "in force before are back" in res.stdout
+    assert "job:cpu:product" not in rule_names(lab.url("prometheus"))
     (rules / "baselines.yml").write_text(good["baselines.yml"])
     res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
     assert res.returncode == 0 and "fails when evaluated" not in res.stdout, res.stdout
+
+
+def rule_names(prometheus: str) -> set[str]:
+    groups = requests.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    return {g["name"] for g in groups} | {r["name"] for g in groups for r in g["rules"]}
+
+
+@pytest.mark.slow  # the runaway rule's evaluation holds the restore for up to the lab's query timeout (20 s)
+def test_reload_refuses_a_rule_that_never_finishes_evaluating_and_restores_the_old(lab_factory):
+    """Issue 28, item 7: `count_over_time(up[7d:1ms])` passed every static check, and reload said
+    "reloaded" while Prometheus ran at 187% CPU and 1 GB and the other groups missed iterations.
+    Its first evaluations do not complete within its interval: refused, the old rules back."""
+    lab = lab_factory().wait()
+    prom = lab.url("prometheus")
+    (lab.layout.rules_dir / "slow.yml").write_text(
+        "groups:\n  - name: slow\n    interval: 1s\n    rules:\n"
+        "      - record: job:up:count_over_time7d\n        expr: count_over_time(up[7d:1ms])\n"
+    )
+    res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd, timeout=300)
+    assert res.returncode == 1 and "refused, the new rules do not evaluate" in res.stdout, res.stdout
+    assert "group slow:" in res.stdout and "in force before are back" in res.stdout, res.stdout
+    assert "slow" not in rule_names(prom) and "runwatch-baselines" in rule_names(prom)
+    # the old groups evaluate again, every iteration: Prometheus's own count of those it missed
+    missed = metric(prom, "prometheus_rule_group_iterations_missed_total")
+    evaluated = metric(prom, "prometheus_rule_group_iterations_total")
+    groups = len(requests.get(f"{prom}/api/v1/rules", timeout=10).json()["data"]["groups"])
+    wait_for(lambda: metric(prom, "prometheus_rule_group_iterations_total") >= evaluated + 3 * groups, 30,
+             "three evaluations of the restored rules")  # fmt: skip
+    assert metric(prom, "prometheus_rule_group_iterations_missed_total") == missed
 
 
 def test_up_refuses_a_second_lab_and_busy_ports(lab, tmp_path):

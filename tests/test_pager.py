@@ -83,7 +83,9 @@ class Pager:
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
-            conn.request(method, path, body=body, headers=headers or {})
+            # as Alertmanager posts: JSON (a POST without it is a browser's, and refused)
+            sent = {"Content-Type": "application/json"} if method == "POST" else {}
+            conn.request(method, path, body=body, headers={**sent, **(headers or {})})
             response = conn.getresponse()
             return response.status, response.read()
         finally:
@@ -617,7 +619,7 @@ def test_watchdog_silence_pages_once_and_its_return_resolves(tmp_path):
 
     def post(path: str, obj: dict) -> int:
         conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
-        conn.request("POST", path, body=json.dumps(obj).encode())
+        conn.request("POST", path, body=json.dumps(obj).encode(), headers={"Content-Type": "application/json"})
         return conn.getresponse().status
 
     try:

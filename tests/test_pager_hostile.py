@@ -7,6 +7,7 @@ completely afterwards, and a failed write must leave nothing that a retry would 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -114,3 +115,136 @@ def test_a_full_disk_stores_nothing_then_the_retry_stores_each_page_once(pager_p
     assert [p["fingerprint"] for p in read_pages(log)] == ["first", "four0", "four1", "four2", "four3"]
     assert requests.get(f"{url}/-/ready", timeout=10).status_code == 200
     assert proc.is_running()  # the pager kept serving throughout
+
+
+# --- issue 28: what a web page in the learner's browser, or a damaged folder, can do ---
+
+
+def test_a_web_page_cannot_post_pages_to_the_pager(pager):
+    """Item 3: a page of another origin ran fetch(".../webhook", {mode: "no-cors", body}) and the
+    pager stored the forged page. A browser sends text/plain, an Origin, or (DNS rebinding) its
+    own Host; Alertmanager sends none of these, and only its pages are stored."""
+    body = json.dumps(payload(alert(fingerprint="forged"))).encode()
+    browser = {
+        "no-cors fetch": {"Content-Type": "text/plain;charset=UTF-8", "Origin": "http://evil.example"},
+        "an Origin, even with JSON": {"Content-Type": "application/json", "Origin": "null"},
+        "a rebound Host": {"Content-Type": "application/json", "Host": f"rebind.attacker.example:{pager.port}"},
+        "a form": {"Content-Type": "application/x-www-form-urlencoded"},
+    }
+    for what, headers in browser.items():
+        status, reply = pager.request("POST", "/webhook", body, headers=headers)
+        assert status == 403 and json.loads(reply)["field"] == "headers", what
+    assert read_pages(pager.log_path) == []
+    assert pager.sample("runwatch_pager_rejected_total", reason="foreign") == len(browser)
+    assert pager.post(payload(alert(fingerprint="real")))[0] == 200  # Alertmanager's post is stored
+    assert [p["fingerprint"] for p in read_pages(pager.log_path)] == ["real"]
+
+
+def test_a_symlinked_runbook_is_not_served(tmp_path):
+    """Item 11: runbooks/X.md -> a secret file was served by the pager, and so by the console,
+    which reads runbooks from the pager."""
+    (tmp_path / "secret").write_text("root:$6$hash\n")
+    runbooks = tmp_path / "runbooks"
+    runbooks.mkdir()
+    (runbooks / "HeldOutGap.md").write_text("# HeldOutGap\n")
+    (runbooks / "Leak.md").symlink_to(tmp_path / "secret")
+    server = Pager(tmp_path / "pages.jsonl", runbooks=runbooks)
+    try:
+        assert server.request("GET", "/runbooks/HeldOutGap.md")[0] == 200
+        status, body = server.request("GET", "/runbooks/Leak.md")
+        assert status == 404 and b"root" not in body
+    finally:
+        server.close()
+
+
+@pytest.mark.integration
+def test_ready_is_503_on_a_read_only_log(tmp_path):
+    """Item 6: on a read-only page log every POST got a 500 while /-/ready stayed 200, so nothing
+    (compose's healthcheck, `runwatch status`) said the pager could not store pages."""
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    (folder / "pages.jsonl").write_text("")
+    port = free_port()
+    serve = [sys.executable, "-m", "runwatch", "pager-serve", "--port", str(port), "--log", str(folder / "pages.jsonl")]
+    if os.geteuid() == 0:  # root writes through permission bits: a read-only bind mount, as a ro volume is
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                f'mount --bind -o ro "{folder}" "{folder}" && exec "$@"', "sh", *serve]  # fmt: skip
+    else:
+        (folder / "pages.jsonl").chmod(0o444)
+        argv = serve
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_ready(f"{url}/metrics", 20, proc), proc.stderr.read().decode()
+        ready = requests.get(f"{url}/-/ready", timeout=10)
+        assert ready.status_code == 503 and "cannot append" in ready.text and "pages.jsonl" in ready.text
+        resp = requests.post(f"{url}/webhook", json=payload(alert()), timeout=10)
+        assert resp.status_code == 500 and resp.json()["field"] == "page log"
+        assert requests.get(f"{url}/-/ready", timeout=10).status_code == 503
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_stalled_connections_hold_no_thread_and_keep_nothing_waiting(tmp_path, monkeypatch):
+    """Item 11: 8,000 half-open connections gave the pager 6,800 threads, and /-/ready timed out
+    for 3.5 minutes after they closed. They now wait in one selector thread: past the room's cap
+    the oldest stalled one makes way, so a client that sends its request at once is served."""
+    import socket
+    import threading
+
+    from runwatch.oncall import pager as pager_module
+
+    monkeypatch.setattr(pager_module, "MAX_CONNECTIONS", 50)  # the cap, small enough for a test's file limit
+    server = Pager(tmp_path / "pages.jsonl")
+    try:
+        threads = threading.active_count()
+        stalled = []
+        for _ in range(200):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            s.sendall(f"POST /webhook HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n".encode())  # never ended
+            stalled.append(s)
+        for _ in range(5):
+            assert server.request("GET", "/-/ready")[0] == 200  # served throughout
+        assert server.post(payload(alert()))[0] == 200
+        assert threading.active_count() <= threads + pager_module.WORKERS
+        assert len(server.server.room.waiting) <= 50
+        closed = 0
+        for s in stalled[:150]:  # the oldest made way: the server closed them
+            s.settimeout(10)
+            closed += s.recv(1) == b""
+        assert closed == 150
+    finally:
+        for s in stalled:
+            s.close()
+        server.close()
+
+
+def test_a_stalled_request_head_is_closed_after_its_deadline(tmp_path, monkeypatch):
+    import socket
+
+    from runwatch.oncall import pager as pager_module
+
+    monkeypatch.setattr(pager_module, "HEAD_TIMEOUT_S", 0.5)
+    server = Pager(tmp_path / "pages.jsonl")
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(b"GET /-/ready HTTP/1.1\r\n")
+            # the deadline, and the waiting room's one-second look at deadlines
+            s.settimeout(pager_module.HEAD_TIMEOUT_S + 1.0 + 5)
+            assert s.recv(1) == b""
+    finally:
+        server.close()
+
+
+def test_a_web_page_cannot_ack_an_incident_at_the_pager(pager):
+    """The pager's POST /api/ack (issue 27) holds to item 3's rule: no browser origin, no foreign
+    Host, JSON only; `runwatch ack` posts JSON from a local process."""
+    body = json.dumps({"alert": "TrainingLossJump", "run_id": "r", "comment": "x", "by": "evil", "ack_id": "e"})
+    for headers in ({"Content-Type": "text/plain", "Origin": "http://evil.example"},
+                    {"Content-Type": "application/json", "Origin": "http://evil.example"},
+                    {"Content-Type": "application/json", "Host": "rebind.attacker.example"}):  # fmt: skip
+        status, reply = pager.request("POST", "/api/ack", body.encode(), headers=headers)
+        assert status == 403 and json.loads(reply)["field"] == "headers", headers
+    status, _ = pager.request("POST", "/api/ack", body.encode())  # a local client: judged on its body
+    assert status in (200, 409)

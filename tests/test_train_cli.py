@@ -159,3 +159,48 @@ def test_drill_hides_the_incident_and_seals_the_answer(tmp_path):
     assert 240 <= answer["onset"] <= 360
     assert answer["incident"] not in (tmp_path / "run" / "answer.sealed").read_text()
     assert os.stat(tmp_path / "run" / "answer.sealed").st_mode & 0o077 == 0
+
+
+def _loss_at(metrics: str) -> tuple[int, float]:
+    """The step and loss a scrape of the trainer shows."""
+    step = int(float(re.search(r"^runwatch_train_step\{[^}]*\} (\S+)$", metrics, re.M)[1]))
+    return step, float(re.search(r"^runwatch_train_loss\{[^}]*\} (\S+)$", metrics, re.M)[1])
+
+
+def _replayed_loss(seed: int, step: int, incident: str = "none") -> float:
+    """What an attacker computes offline: the run of this seed, replayed bit for bit."""
+    from runwatch.trainer.config import TrainConfig
+    from runwatch.trainer.run import Trainer
+
+    trainer = Trainer(TrainConfig(incident=incident, seed=seed))
+    return next(rec.loss for rec in iter(trainer.step, None) if rec.step == step)
+
+
+def test_a_drill_cannot_be_solved_by_replaying_its_seed(tmp_path):
+    """Issue 28, item 1: every drill trained seed 0, shown in run_info, argv and run.json, so an
+    offline replay of seed 0's healthy run named the onset as the first step whose loss differs.
+    Now the seed is drawn in secret with the answer: nothing the learner reads names it, and the
+    seed-0 replay differs from the drill's very first steps, so it names nothing."""
+    proc, url = start_live(tmp_path, "--incident", "random", "--drill-seed", "11", "--fast-forward", "50")
+    try:
+        text = requests.get(url, timeout=2).text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    answer = unseal(tmp_path / "run" / "answer.sealed")
+    seed = answer["seed"]
+    assert 'seed="hidden"' in text and f'seed="{seed}"' not in text and 'seed="0"' not in text
+    assert "--seed" not in proc.args
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["config"]["seed"] == -1 and str(seed) not in json.dumps(record)
+    assert str(seed) not in out + err  # nor in the trainer's log
+    step, loss = _loss_at(text)
+    assert step < answer["onset"]  # still before the incident: the healthy prefix of its seed
+    assert loss != _replayed_loss(0, step)  # the replay of seed 0 is another run altogether
+    assert loss == _replayed_loss(seed, step)  # the drill trains the sealed seed, bit for bit
+
+
+def test_a_drill_refuses_a_seed_in_argv(tmp_path):
+    res = runwatch("train", "--incident", "random", "--seed", "3", "--offline", "--out", "run.om", cwd=tmp_path)
+    assert_usage_error(res, "--seed")
+    assert list(tmp_path.iterdir()) == []

@@ -57,13 +57,20 @@ LLAMA3_SHARES = {"rank_crash": 30.1, "ecc": 21.7, "hang": 10.1, "straggler": 1.4
 
 
 def draw_drill(rng: random.Random, cluster: bool = False) -> dict:
-    """A drill's hidden incident (or none) and its onset step, drawn from rng. With `cluster` (a
-    run over several ranks), half the drills hide a cluster incident, drawn by Llama 3's shares."""
+    """A drill's hidden incident (or none), its onset step and its training seed, drawn from rng.
+    With `cluster` (a run over several ranks), half the drills hide a cluster incident, drawn by
+    Llama 3's shares.
+
+    The seed is drawn too, and sealed with the answer: runs are reproducible bit for bit, so a
+    known seed would let a learner replay the healthy run offline and find the onset without
+    diagnosing anything (issue 28). It is drawn last, so a seeded draw keeps its incident and onset.
+    """
     if cluster and rng.random() < 0.5:
         incident = rng.choices(list(LLAMA3_SHARES), weights=list(LLAMA3_SHARES.values()))[0]
     else:
         incident = rng.choice(INCIDENTS)
-    return {"incident": incident, "onset": rng.randint(*DRILL_ONSET_RANGE)}
+    onset = rng.randint(*DRILL_ONSET_RANGE)
+    return {"incident": incident, "onset": onset, "seed": rng.randint(0, MAX_SEED)}
 
 
 def parse_incident(text: str) -> tuple[str, float]:
@@ -250,11 +257,11 @@ class TrainConfig:
     @property
     def label(self) -> str:
         """The run's id: run_id if set, else '<incident>-<seed>', '<incident>:<strength>-<seed>'
-        below full strength (never the incident in a drill)."""
+        below full strength (never the incident or the seed in a drill: a known seed replays)."""
         if self.run_id:
             return self.run_id
         if self.drill:
-            return f"drill-{self.seed}"
+            return "drill"
         return f"{self.incident_spec}-{self.seed}"
 
     @property

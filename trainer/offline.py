@@ -121,7 +121,8 @@ def _families(run: OfflineRun) -> dict[str, tuple[str, list[tuple[str, Callable[
         "up": ("gauge", f'job="trainer",instance="offline/{cfg.label}"', lambda: [1.0] * n),
     }
     info_incident = m.HIDDEN if cfg.drill else cfg.incident
-    fam[m.RUN_INFO] = ("gauge", f'{run.labels},seed="{cfg.seed}",incident="{info_incident}"', lambda: [1.0] * n)
+    info_seed = m.HIDDEN if cfg.drill else cfg.seed
+    fam[m.RUN_INFO] = ("gauge", f'{run.labels},seed="{info_seed}",incident="{info_incident}"', lambda: [1.0] * n)
     fam[m.RUN_START] = ("gauge", run.labels, lambda: [run.start] * n)
     # the live exporter says when a run ended once it has: here, at its last step only
     fam[m.RUN_END] = ("gauge", run.labels, lambda: [math.nan] * (n - 1) + [run.end_time()])

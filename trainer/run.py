@@ -164,6 +164,10 @@ def weight_norm(w: np.ndarray, b: np.ndarray) -> float:
     return math.sqrt(float(np.vdot(w, w)) + float(np.vdot(b, b)))
 
 
+class NonFiniteCheckpointError(ValueError):
+    """A checkpoint whose weights hold NaN or inf: a run that diverged, or damaged bytes."""
+
+
 class Trainer:
     """Holds the weights and the clock; `step()` advances one step.
 
@@ -321,6 +325,8 @@ class Trainer:
         shapes, fits = (self.w.shape, self.b.shape), ((cfg.features, cfg.classes), (cfg.classes,))
         if shapes != fits:
             raise ValueError(f"{path}: weights of shapes {shapes} do not fit its config's {fits}")
+        if not (np.isfinite(self.w).all() and np.isfinite(self.b).all()):  # it would train "loss nan" silently
+            raise NonFiniteCheckpointError(f"{path}: its weights are not finite (NaN or inf); resume an earlier one")
         self.fit_losses = [float(v) for v in data["fit_losses"]]
         self.fit = tuple(float(v) for v in data["fit"]) if len(data["fit"]) else None
         step, lab, heldout, grad, scale, clean, skipped = data["scalars"].tolist()

@@ -36,17 +36,19 @@ Python only starts, feeds, queries and reports; Prometheus evaluates every expre
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
 import os
 import re
 import signal
+import stat
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,10 +211,20 @@ def _phase(stamp: str) -> float:
     return float(f"0.{frac[1]}") if frac else 0.0
 
 
+MAX_RULE_FILE_BYTES = 4 << 20  # the lab's rule files are 30 KB together
+
+
 def load_rules(rules_dir: Path, promtool: str) -> Rules:
     files = Layout().rule_files(rules_dir)  # what prometheus.yml loads: rules/*.yml
     if not files:
         raise UsageError(f"--rules: no .yml rule files in {rules_dir}")
+    for f in files:  # before promtool reads them: a.yml -> /dev/zero took it to 8.5 GB in 5 s
+        found = f.stat()  # through a symlink: what would be read
+        if not stat.S_ISREG(found.st_mode):
+            raise UsageError(f"--rules: {f} is not a regular file")
+        if found.st_size > MAX_RULE_FILE_BYTES:
+            cap = MAX_RULE_FILE_BYTES >> 20
+            raise UsageError(f"--rules: {f} is {found.st_size} bytes, over the {cap} MiB a rule file may be")
     proc = run_tool([promtool, "check", "rules", *map(str, files)])
     if proc.returncode != 0:
         raise UsageError(f"--rules: promtool check rules refused {rules_dir}:\n{(proc.stdout + proc.stderr).strip()}")
@@ -485,7 +497,7 @@ def _train_and_load(
     chunks = [seeds[i::n_chunks] for i in range(n_chunks)]
     loader = _loader(prometheus, tmpdir)
     meta, samples = [], 0
-    with loader.running(), ProcessPoolExecutor(workers) as pool:
+    with loader.running(), _processes(workers) as pool:
         jobs = [(c, incidents, loader.base, families, precision, ranks, strengths) for c in chunks]
         for i, (m, n) in enumerate(pool.map(_simulate_chunk, jobs), 1):
             meta += m
@@ -493,6 +505,29 @@ def _train_and_load(
             progress(f"trained and loaded {i}/{n_chunks} chunks ({len(meta)} runs)", done=i == n_chunks)
         _snapshot(loader, tmpdir / "data")
     return meta, samples
+
+
+def _ignore_interrupts() -> None:
+    """A worker's Ctrl-C is its parent's to handle: the parent stops it (_processes)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _processes(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A process pool whose workers a Ctrl-C stops at once. The terminal's Ctrl-C reaches every
+    worker too; one interrupted mid-task broke the pool, and its shutdown once waited over 60 s."""
+    pool = ProcessPoolExecutor(workers, initializer=_ignore_interrupts)
+    try:
+        yield pool
+    except BaseException:
+        workers_now = list((pool._processes or {}).values())  # noqa: SLF001 (no public way before 3.14)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in workers_now:
+            proc.terminate()
+        for proc in workers_now:
+            proc.join(5)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _server(prometheus: str, tmpdir: Path, name: str, data: str, start: float, end: float, *flags: str) -> Throwaway:

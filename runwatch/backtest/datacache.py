@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -39,6 +40,19 @@ BLOCKS = "blocks"
 RESULTS = "results"
 # a temporary entry older than this belongs to no running backtest (one takes under a minute)
 ABANDONED_S = 3600
+
+
+# A put's temporary folder (mkdtemp's ".<key>.<random>"): with the entries that hold a
+# manifest, all that eviction may delete. Anything else at the root is someone else's.
+PUT_IN_PROGRESS = re.compile(r"\.[^./]+\.[A-Za-z0-9_]+")
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, or a directory found where a file should be."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def default_root() -> Path:
@@ -94,8 +108,8 @@ class DataCache:
             meta = manifest["meta"]
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError):
-            shutil.rmtree(entry, ignore_errors=True)  # damaged: rebuilt by the caller
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):  # a nested manifest too
+            _remove(entry)  # damaged (a file in its place, too): rebuilt by the caller
             return None
         shutil.copytree(entry / BLOCKS, into, dirs_exist_ok=True)
         os.utime(entry / MANIFEST)  # recently used: evicted last
@@ -131,8 +145,8 @@ class DataCache:
             return kept["result"]
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)  # damaged: evaluated again by the caller
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            _remove(path)  # damaged (a directory in its place, too): evaluated again by the caller
             return None
 
     def keep(self, key: str, spec: dict, result: object) -> None:
@@ -151,14 +165,16 @@ class DataCache:
         """Delete the least recently used entries while the cache holds more than max_bytes."""
         entries = []
         for entry in self.root.iterdir():
-            if entry.name.startswith("."):  # a put in progress, or one a crash left behind
+            if entry.is_symlink() or not entry.is_dir():
+                continue  # not of ours
+            if PUT_IN_PROGRESS.fullmatch(entry.name):  # a put in progress, or one a crash left behind
                 if time.time() - entry.stat().st_mtime > ABANDONED_S:
                     shutil.rmtree(entry, ignore_errors=True)
                 continue
             try:
-                used = (entry / MANIFEST).stat().st_mtime
+                used = (entry / MANIFEST).lstat().st_mtime
             except OSError:
-                used = 0.0  # no manifest: not an entry of ours, or a damaged one
+                continue  # no manifest: not an entry of ours (a `my-notes/` folder beside them)
             size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
             entries.append((used, size, entry))
         total = sum(size for _, size, _ in entries)

@@ -16,13 +16,14 @@ Not an alert: TrainingStalled and StragglerRank page; this is what the on-call r
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from dataclasses import dataclass
 
 from runwatch.core.addresses import lab_url
 from runwatch.core.command import Command, UsageError, add_state_dir, read_json
 from runwatch.exporter.rank_metrics import RANK_COLLECTIVE_SEQ, RANK_LAST_STEP_TIME, RANK_STEP
-from runwatch.prom.server import PromQLError, instant
+from runwatch.prom.server import PromQLError, instant, quoted
 
 
 @dataclass(frozen=True)
@@ -35,17 +36,20 @@ class RankState:
 
 
 def read_ranks(prometheus: str, run_id: str) -> list[RankState]:
-    """Every rank of the run as Prometheus last scraped it, in rank order."""
+    """Every rank of the run as Prometheus last scraped it, in rank order. A series without an
+    integer `rank` label, or a value that is not a finite number (anything may be pushed to
+    Prometheus, or scraped from a hand-run exporter), is left out, never a traceback."""
     values: dict[str, dict[tuple[str, str], float]] = {}
     for name in (RANK_COLLECTIVE_SEQ, RANK_STEP, RANK_LAST_STEP_TIME):
-        for s in instant(prometheus, f'{name}{{run_id="{run_id}"}}'):
-            values.setdefault(name, {})[(s["metric"]["rank"], s["metric"].get("node", "?"))] = float(s["value"][1])
-    ranks = sorted(values.get(RANK_COLLECTIVE_SEQ, {}), key=lambda k: int(k[0]))
+        for s in instant(prometheus, f'{name}{{run_id="{quoted(run_id)}"}}'):
+            rank, value = str(s["metric"].get("rank", "")), float(s["value"][1])
+            if rank.isascii() and rank.isdigit() and math.isfinite(value):
+                values.setdefault(name, {})[(rank, s["metric"].get("node", "?"))] = value
+    seqs, steps, last = (values.get(n, {}) for n in (RANK_COLLECTIVE_SEQ, RANK_STEP, RANK_LAST_STEP_TIME))
     return [
-        RankState(int(r), node, int(values[RANK_COLLECTIVE_SEQ][(r, node)]), int(values[RANK_STEP].get((r, node), -1)),
-                  values[RANK_LAST_STEP_TIME].get((r, node), float("nan")))
-        for r, node in ranks
-    ]  # fmt: skip
+        RankState(int(r), node, int(seqs[(r, node)]), int(steps.get((r, node), -1)), last.get((r, node), math.nan))
+        for r, node in sorted(seqs, key=lambda k: int(k[0]))
+    ]
 
 
 def verdict(ranks: list[RankState]) -> list[str]:
@@ -94,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"run {run_id}: {len(ranks)} ranks")
     print(f"{'rank':>4}  {'node':8s} {'collective':>10} {'step':>6}  last step")
     for r in ranks:
-        print(f"{r.rank:>4}  {r.node:8s} {r.seq:>10} {r.step:>6}  {now - r.last_step_at:.1f} s ago")
+        ago = f"{now - r.last_step_at:.1f} s ago" if math.isfinite(r.last_step_at) else "never scraped"
+        print(f"{r.rank:>4}  {r.node:8s} {r.seq:>10} {r.step:>6}  {ago}")
     print("\n".join(verdict(ranks)))
     return 0

@@ -57,3 +57,35 @@ def lab_urls(state: Path) -> dict[str, str]:
 def lab_url(state: Path, component: str) -> str:
     """One component's address in the lab of this state directory: lab_urls(state)[component]."""
     return lab_urls(state)[component]
+
+
+# The names a browser or a local client uses for this machine's loopback.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def served_hosts(host: str, port: int, names: tuple[str, ...] | list[str] = ()) -> frozenset[str]:
+    """The host names a server bound to host:port answers as Host: its loopback names, the
+    address it is bound to (unless a wildcard), and `names` (compose's or a cluster's service
+    name). Any port: a port-forward or a published port may differ from the one bound.
+
+    Anything else is a name someone else chose: a DNS-rebinding page in the learner's browser
+    (`rebind.attacker.example` resolved to 127.0.0.1) sends its own name as Host, and is refused.
+
+        >>> sorted(served_hosts("127.0.0.1", 9096))
+        ['127.0.0.1', '[::1]', 'localhost']
+    """
+    bound = () if host in WILDCARDS else (f"[{host}]" if ":" in host and not host.startswith("[") else host,)
+    return frozenset(name.lower() for name in (*LOOPBACK_NAMES, *bound, *names))
+
+
+def host_allowed(header: str | None, allowed: frozenset[str]) -> bool:
+    """Whether a request's Host header names one of the served hosts, on any port (an absent one does not)."""
+    if header is None:
+        return False
+    name = header.strip().lower()
+    if name.startswith("["):  # [::1]:9096
+        name = name[: name.find("]") + 1] if "]" in name else name
+    else:
+        name = name.rsplit(":", 1)[0] if name.count(":") == 1 else name
+    return name in allowed

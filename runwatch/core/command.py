@@ -99,6 +99,8 @@ def read_json(path: Path, what: str) -> dict:
         raise UsageError(f"{path}: cannot read {what}: {err.strerror}") from None
     except ValueError as err:
         raise UsageError(f"{path}: {what} is damaged ({err}); delete it to start afresh") from None
+    except RecursionError:
+        raise UsageError(f"{path}: {what} is damaged (nested too deeply); delete it to start afresh") from None
     if not isinstance(value, dict):
         raise UsageError(f"{path}: {what} is damaged (not a JSON object); delete it to start afresh")
     return value

@@ -24,13 +24,14 @@ def answer_path(run_dir: Path) -> Path:
 
 
 def drill_answer(cfg: TrainConfig) -> dict:
-    """What a drill's sealed answer holds: the incident, its onset, the run, and for a cluster
+    """What a drill's sealed answer holds: the incident, its onset, the run, its training seed (kept
+    secret: a known seed replays the healthy run offline), and for a cluster
     incident the rank it strikes (`runwatch diagnose --rank` is graded against it)."""
     # imported here: the lab's commands that only read a lab (status, ack, down) import this
     # module for answer_path, and struck_rank brings numpy, a third of their start-up
     from runwatch.trainer.run import struck_rank
 
-    answer = {"incident": cfg.incident, "onset": cfg.onset, "run_id": cfg.label}
+    answer = {"incident": cfg.incident, "onset": cfg.onset, "run_id": cfg.label, "seed": cfg.seed}
     return answer | ({"rank": struck_rank(cfg)} if cfg.incident in CLUSTER_INCIDENTS else {})
 
 

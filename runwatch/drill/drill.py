@@ -24,6 +24,7 @@ import html
 import json
 import os
 import re
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ from runwatch.core.command import Command, UsageError, add_state_dir, check_writ
 from runwatch.core.files import write_atomic
 from runwatch.lab import supervise as lab_mod
 from runwatch.oncall.pager import read_incidents, read_pages, received_time, time_to_ack
-from runwatch.prom.server import PromQLError, instant
+from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.readouts import picture as plate
 from runwatch.trainer.config import CLUSTER_INCIDENTS, DRILL_ONSET_RANGE, INCIDENTS, MAX_RANKS, SEED, STEP
 from runwatch.trainer.sealed import unseal
@@ -97,7 +98,7 @@ class Drill:
 
 def drill(args: argparse.Namespace) -> int:
     d = Drill(args.state_dir)
-    if d.path.exists() and json.loads(d.path.read_text()).get("diagnosis") is None:
+    if d.path.exists() and read_json(d.path, "the drill's record").get("diagnosis") is None:
         running = [n for n, r in d.lab.records().items() if d.lab.alive(r)]
         if running:
             raise UsageError(f"a drill is already running in {d.lab.state}: `runwatch diagnose` it, or `runwatch down`")
@@ -243,7 +244,7 @@ def silence(alertmanager: str, alert: str, run_id: str, comment: str, minutes: f
 def onset_time(prometheus: str, run_id: str, onset: int, since: float) -> float | None:
     """When the trainer's onset step was first scraped: read from Prometheus (None if it cannot say)."""
     window = int(_now() - since) + 60
-    step = f'runwatch_train_step{{run_id="{run_id}"}}'
+    step = f'runwatch_train_step{{run_id="{quoted(run_id)}"}}'
     # timestamp() of the plain selector is the scrape's time; of `step >= onset` it would be the
     # evaluation's, up to a second later
     q = f"min_over_time((timestamp({step}) and {step} >= {onset})[{window}s:1s])"
@@ -257,17 +258,50 @@ def onset_time(prometheus: str, run_id: str, onset: int, since: float) -> float 
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def fired_in_prometheus(prometheus: str, page: dict, run_id: str, since: float) -> bool:
-    """Whether Prometheus's own record (ALERTS) has this page's alert firing for the run by the
-    time the page arrived. Any local process can post to the pager; only Prometheus's rules make
-    ALERTS, so a page without it is not counted (not an alert decision: Prometheus made it)."""
+DURATION = re.compile(r"(\d+)(ms|s|m|h)")
+RESEND_DELAY_S = 2  # Prometheus's --rules.alert.resend-delay in the lab (supervise.PROMETHEUS_FLAGS)
+
+
+def notification_window_s(alertmanager_yml: Path) -> float:
+    """The longest after an evaluation that has an alert firing that Alertmanager may send its
+    page: the longest group_wait plus the longest group_interval of its routes (alertmanager.yml;
+    group_interval is also when it retries a page the pager did not take), plus Prometheus's
+    resend delay. A page that arrives later than this after its alert last fired was not sent for it.
+    """
+    import yaml
+
+    def seconds(text: object) -> float:
+        return sum(int(n) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for n, u in DURATION.findall(str(text)))
+
+    def routes(route: dict, inherited: dict) -> Iterator[dict]:
+        """Each route with the timings it has: its own, else its parent's (as Alertmanager reads them)."""
+        own = {**inherited, **{k: route[k] for k in ("group_wait", "group_interval") if k in route}}
+        yield own
+        for child in route.get("routes") or []:
+            yield from routes(child, own)
+
+    defaults = {"group_wait": "30s", "group_interval": "5m"}  # Alertmanager's
+    try:
+        every = list(routes(yaml.safe_load(Path(alertmanager_yml).read_text())["route"], defaults))
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        every = [defaults]
+    wait = max(seconds(r["group_wait"]) for r in every)
+    interval = max(seconds(r["group_interval"]) for r in every)
+    return wait + interval + RESEND_DELAY_S
+
+
+def fired_in_prometheus(prometheus: str, page: dict, run_id: str, window: float) -> bool:
+    """Whether Prometheus's own record (ALERTS) has this page's alert firing for the run within
+    `window` seconds (notification_window_s) before the page arrived. Any local process can post
+    to the pager; only Prometheus's rules make ALERTS, so a page without it, or one posted after
+    its alert stopped firing, is not counted (not an alert decision: Prometheus made it)."""
     received = _t(page)
     if received is None or not ALERT_NAME.fullmatch(str(page.get("alert", ""))):
         return False
     at = received + 2  # ALERTS is written when the alert fires, before the notification
-    selector = f'ALERTS{{alertname="{page["alert"]}",run_id="{run_id}",alertstate="firing"}}'
+    selector = f'ALERTS{{alertname="{page["alert"]}",run_id="{quoted(run_id)}",alertstate="firing"}}'
     try:
-        return bool(instant(prometheus, f"count_over_time({selector}[{int(at - since) + 60}s])", at))
+        return bool(instant(prometheus, f"count_over_time({selector}[{int(window) + 2}s])", at))
     except (requests.RequestException, PromQLError):
         return False
 
@@ -277,7 +311,7 @@ def first_page(lab: lab_mod.Lab, run_id: str, since: float) -> dict | None:
     for page in read_pages(lab.page_log):
         if page.get("run_id") != run_id or page.get("status") != "firing":
             continue
-        if fired_in_prometheus(lab.url("prometheus"), page, run_id, since):
+        if fired_in_prometheus(lab.url("prometheus"), page, run_id, notification_window_s(lab.alertmanager_yml)):
             return page
     return None
 
@@ -383,7 +417,7 @@ def scoreboard(path: Path) -> list[dict]:
     rows = []
     with contextlib.suppress(FileNotFoundError):
         for line in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):  # torn, or nested too deeply
                 row = json.loads(line)
                 if isinstance(row, dict) and isinstance(row.get("correct"), bool):
                     rows.append(row)
@@ -407,7 +441,11 @@ def postmortem(args: argparse.Namespace) -> int:
         raise UsageError("diagnose the drill first (`runwatch diagnose INCIDENT`): the timeline needs the truth")
     out = args.out or d.lab.state / f"postmortem-{run_id}.md"  # beside the drill, not in a checkout
     check_writable(out, "--out")
-    events = timeline(d, record, grade)
+    try:
+        events = timeline(d, record, grade)
+        postmortem_markdown(run_id, grade, events, "")  # the same record's shape, before the plate is drawn
+    except (KeyError, TypeError, AttributeError, ValueError) as err:  # a hand-edited drill.json
+        raise UsageError(f"{d.path}: the drill's record is damaged ({type(err).__name__}: {err})") from None
     image = out.with_name(f"{out.stem}-plate.png")
     try:
         plate.draw(plate.collect(d.lab.url("prometheus"), run_id, since_s=_now() - record["started_at"] + 60), image)
@@ -430,8 +468,10 @@ def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
     for p in read_pages(d.lab.page_log):
         if p.get("run_id") == run_id and _t(p) is not None:
             what = "Page" if p.get("status") == "firing" else "Resolved"
-            if not fired_in_prometheus(d.lab.url("prometheus"), p, run_id, record["started_at"]):
-                what = f"Unconfirmed {what.lower()} (Prometheus never fired this alert)"
+            if not fired_in_prometheus(
+                d.lab.url("prometheus"), p, run_id, notification_window_s(d.lab.alertmanager_yml)
+            ):
+                what = f"Unconfirmed {what.lower()} (Prometheus was not firing this alert as it came)"
             value = p.get("value_at_resolution")
             measured = f", its rule measuring {value:.3g}" if isinstance(value, float) else ""
             events.append(
@@ -446,9 +486,12 @@ def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
         (record["diagnosis"]["at"], f"Diagnosed as {grade['diagnosed']} ({'correct' if grade['correct'] else 'wrong'})")
     )
     run_json = d.lab.runs / run_id / "run.json"
-    ended = json.loads(run_json.read_text()).get("ended_at") if run_json.exists() else None
-    if ended:
-        events.append((datetime.fromisoformat(ended).timestamp(), "Run ended"))
+    try:  # the trainer's record: damaged, the timeline goes without its end, and says why
+        ended = read_json(run_json, "the run's record").get("ended_at") if run_json.exists() else None
+        if ended:
+            events.append((datetime.fromisoformat(str(ended)).timestamp(), "Run ended"))
+    except (UsageError, ValueError) as err:
+        print(f"runwatch postmortem: the timeline has no run end: {err}", file=sys.stderr)
     events.sort(key=lambda e: e[0])
     return events
 

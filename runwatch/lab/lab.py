@@ -30,8 +30,8 @@ from runwatch.core.command import Command, add_state_dir, number, read_json
 from runwatch.core.paths import Layout
 from runwatch.lab.supervise import Lab, add_ports, up
 from runwatch.lab.watched import check_watch, watch_targets
-from runwatch.prom.checks import run_all
-from runwatch.prom.server import PromQLError, instant
+from runwatch.prom.checks import evaluation_problems, run_all
+from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.trainer.config import MAX_RANKS, SEED, STEP
 
 
@@ -59,7 +59,7 @@ def run_state(lab: Lab) -> str | None:
     run = read_json(run_json, "the run's record") if run_json.exists() else {}
     if run.get("status") in (None, "running"):
         try:
-            found = instant(lab.url("prometheus"), f'runwatch_train_step{{run_id="{run_id}"}}')
+            found = instant(lab.url("prometheus"), f'runwatch_train_step{{run_id="{quoted(run_id)}"}}')
             state = f"running, at step {int(float(found[0]['value'][1]))}" if found else "running, not yet scraped"
         except (requests.RequestException, PromQLError):
             state = "running (Prometheus cannot say at which step)"
@@ -85,18 +85,20 @@ def status(args: argparse.Namespace) -> int:
             state = "EXITED"
         else:
             try:
-                ok = requests.get(rec["ready_url"], timeout=2).status_code == 200
+                ok = requests.get(str(rec.get("ready_url")), timeout=2).status_code == 200
             except requests.RequestException:
                 ok = False
             state = "ready" if ok else "NOT READY"
         bad += state != "ready"
-        print(f"  {name:13s} {state:10s} pid {rec['pid']:<8d} {rec['url']}")
+        print(f"  {name:13s} {state:10s} pid {rec['pid']:<8d} {rec.get('url', '')}")
     return 1 if bad else 0
 
 
 def reload(args: argparse.Namespace) -> int:
     """Run every check `runwatch check` runs, then ask Prometheus and Alertmanager to reload, then
-    say which rules fail when Prometheus evaluates them (promtool cannot see those)."""
+    watch the new rules' first evaluations (promtool cannot see those): rules that fail when
+    evaluated, that do not finish in their group's interval, or that make groups miss
+    iterations are refused, and the rules in force before are put back."""
     lab = Lab(args.state_dir)
     meta = lab.state / "lab.json"
     lab.layout = Layout(Path(str(read_json(meta, "the lab's record").get("root")))) if meta.exists() else Layout()
@@ -107,37 +109,41 @@ def reload(args: argparse.Namespace) -> int:
             print("\n".join("      " + line for line in lines))
             return 1
     lab.render_alertmanager_config()
+    lab.install_rules()
+    since = time.time()
     for name in ("prometheus", "alertmanager"):
-        url = f"{lab.url(name)}/-/reload"
-        try:
-            resp = requests.post(url, timeout=10)
-        except requests.RequestException as err:
-            print(f"runwatch reload: {name} is not answering at {url}: {err}")
-            return 1
-        if resp.status_code != 200:
-            print(f"runwatch reload: {name} refused the reload: {resp.text.strip()}")
+        if not _reload(lab, name):
+            if name == "prometheus":
+                lab.restore_rules()
             return 1
         print(f"reloaded {name}")
-    failing = evaluation_errors(lab.url("prometheus"))
-    for line in failing:
-        print(f"runwatch reload: applied, but fails when evaluated: {line}")
-    return 1 if failing else 0
+    problems = evaluation_problems(lab.url("prometheus"), since)
+    if not problems:
+        return 0
+    print("runwatch reload: refused, the new rules do not evaluate as they should:")
+    for line in problems:
+        print(f"  {line}")
+    lab.restore_rules()
+    # The old groups end only once an evaluation in flight does: up to Prometheus's query timeout.
+    if _reload(lab, "prometheus", timeout=RESTORE_TIMEOUT_S):
+        print(f"runwatch reload: the rules in force before are back ({lab.prometheus_dir / 'rules'})")
+    return 1
 
 
-def evaluation_errors(prometheus: str) -> list[str]:
-    """Each rule whose last evaluation failed, once every group has been evaluated since now
-    (two of its intervals, read from Prometheus), as `Rule (group G): Prometheus's error`."""
+RESTORE_TIMEOUT_S = 40  # the lab Prometheus's --query.timeout (20s, supervise.PROMETHEUS_FLAGS) and some
 
-    def groups() -> list[dict]:
-        return requests.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
 
-    time.sleep(2 * max((g.get("interval", 1) for g in groups()), default=1) + 0.5)
-    return [
-        f"{rule['name']} (group {group['name']}): {rule.get('lastError', '')}"
-        for group in groups()
-        for rule in group["rules"]
-        if rule.get("health") == "err"
-    ]
+def _reload(lab: Lab, name: str, timeout: float = 10) -> bool:
+    url = f"{lab.url(name)}/-/reload"
+    try:
+        resp = requests.post(url, timeout=timeout)
+    except requests.RequestException as err:
+        print(f"runwatch reload: {name} is not answering at {url}: {err}")
+        return False
+    if resp.status_code != 200:
+        print(f"runwatch reload: {name} refused the reload: {resp.text.strip()}")
+        return False
+    return True
 
 
 def add_up(p: argparse.ArgumentParser) -> Command:

@@ -21,9 +21,11 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import os
 import random
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,6 +56,9 @@ PROMETHEUS_FLAGS = [
     f"--web.external-url=http://{LOOPBACK}:{PORTS['prometheus']}/",
     "--rules.alert.resend-delay=2s",  # an Alertmanager that restarts hears of firing alerts in 2 s, not 1 m
     "--storage.tsdb.retention.time=30d",
+    # A query (a rule's evaluation too) ends after this: the lab's take milliseconds, and a
+    # reload that restores the old rules waits for a runaway rule's evaluation to end (issue 28).
+    "--query.timeout=20s",
 ]
 
 
@@ -64,6 +69,7 @@ ALERTMANAGER_FLAGS = [
 
 
 PY = [sys.executable, "-m", "runwatch"]  # our own commands, in this interpreter
+JOB_TAG = "RUNWATCH_JOB_TAG"  # in the environment of each component and all it starts (Lab.stop)
 
 
 def loopback(config: str, ports: dict[str, int] = PORTS) -> str:
@@ -124,12 +130,38 @@ class Lab:
 
     def link_config(self) -> None:
         self.targets.mkdir(parents=True, exist_ok=True)
-        for name, target in [("prometheus.yml", self.layout.prometheus_yml), ("rules", self.layout.rules_dir)]:
+        for name, target in [("prometheus.yml", self.layout.prometheus_yml)]:
             link = self.prometheus_dir / name
             if link.is_symlink() or link.exists():
                 link.unlink()
             link.symlink_to(target.absolute())
+        self.install_rules()
         self.render_alertmanager_config()
+
+    # The rules Prometheus reads are a copy, made at `up` and at each reload: a reload whose
+    # rules Prometheus cannot evaluate in time puts the copy in force before it back (issue 28).
+    def install_rules(self) -> None:
+        """Put a copy of the configuration's rule files in force (state/prometheus/rules); the
+        ones in force before go to rules.previous, for restore_rules."""
+        rules, previous = self.prometheus_dir / "rules", self.prometheus_dir / "rules.previous"
+        staged = self.prometheus_dir / "rules.staged"
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir(parents=True)
+        for f in self.layout.rule_files():
+            shutil.copyfile(f, staged / f.name)
+        shutil.rmtree(previous, ignore_errors=True)
+        if rules.is_symlink():  # a lab started before the rules were copied
+            rules.unlink()
+        elif rules.exists():
+            rules.rename(previous)
+        staged.rename(rules)
+
+    def restore_rules(self) -> None:
+        """Put back the rules in force before the last install_rules."""
+        rules, previous = self.prometheus_dir / "rules", self.prometheus_dir / "rules.previous"
+        if previous.is_dir():
+            shutil.rmtree(rules, ignore_errors=True)
+            previous.rename(rules)
 
     def render_alertmanager_config(self) -> None:
         """Alertmanager's config as the repository has it, with loopback addresses."""
@@ -168,7 +200,9 @@ class Lab:
             rng = random.Random(f"{key_file.read_text().strip()}:{drill_seed}")
         self.sealed_answer(run_id).parent.mkdir(parents=True, exist_ok=True)
         drawn = draw_drill(rng, cluster=ranks > 1)
-        cfg = TrainConfig(incident=drawn["incident"], onset=drawn["onset"], seed=seed, ranks=ranks, run_id=run_id)
+        # the training seed is the drawn one, sealed with the answer: `seed` is not a drill's
+        cfg = TrainConfig(incident=drawn["incident"], onset=drawn["onset"], seed=drawn["seed"], ranks=ranks,
+                          run_id=run_id)  # fmt: skip
         seal_answer(self.sealed_answer(run_id), cfg)
 
     # --- processes ---
@@ -189,15 +223,17 @@ class Lab:
         url = self.url(name)
         return Component(name, argv, f"{url}/-/ready", f"{url}{path}")
 
-    def _train_argv(self, args: argparse.Namespace, run_id: str, port: int) -> list[str]:
-        argv = [*PY, "train", "--seed", str(args.seed), "--run-id", run_id, "--port", str(port)]
+    def _train_argv(self, args: argparse.Namespace, run_id: str, port: int, drill: bool = False) -> list[str]:
+        # A drill's seed is read from its sealed answer, never from argv (a replay of it would name the onset).
+        seed = [] if drill else ["--seed", str(args.seed)]
+        argv = [*PY, "train", *seed, "--run-id", run_id, "--port", str(port)]
         argv += ["--run-dir", str(self.runs / run_id)]
         if not args.no_wait_for_prometheus:  # the lab's clock waits for Prometheus (trainer.live)
             argv += ["--wait-for-prometheus", "--prometheus", self.url("prometheus")]
         return argv + (["--fast-forward", str(args.fast_forward)] if args.fast_forward else [])
 
     def _trainer(self, args: argparse.Namespace, run_id: str) -> Component:
-        argv = self._train_argv(args, run_id, self.ports["trainer"])
+        argv = self._train_argv(args, run_id, self.ports["trainer"], drill=args.incident == "random")
         argv += ["--incident", args.incident, "--precision", args.precision]
         if args.onset is not None:
             argv += ["--onset", str(args.onset)]
@@ -244,9 +280,11 @@ class Lab:
         self.pids.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{comp.name}.log", "ab") as log, _Interrupts.held_back():
             # A session of its own: Ctrl-C in the terminal reaches `up`, which stops them in order.
+            tag = secrets.token_hex(8)  # inherited by all it starts: `stop` finds them by it (_job)
             proc = subprocess.Popen(
-                comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+                comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, JOB_TAG: tag},
+            )  # fmt: skip
             # The start time with the PID: a PID the kernel reuses for another process is not ours.
             started = psutil.Process(proc.pid).create_time()
             record = {
@@ -255,6 +293,7 @@ class Lab:
                 "argv": comp.argv,
                 "ready_url": comp.ready_url,
                 "url": comp.url,
+                "tag": tag,
             }
             write_atomic(self.pids / f"{comp.name}.json", json.dumps(record) + "\n")
         if not wait_ready(comp.ready_url, 60, proc):
@@ -275,7 +314,12 @@ class Lab:
         records = {}
         for path in sorted(self.pids.glob("*.json")):
             try:
-                records[path.stem] = read_json(path, "a PID file")
+                record = read_json(path, "a PID file")
+                shape = {"pid": int, "argv": list}
+                wrong = [k for k, kind in shape.items() if not isinstance(record.get(k), kind)]
+                if wrong:  # valid JSON of the wrong shape names no process either
+                    raise UsageError(f"{path}: a PID file is damaged (no {wrong[0]}); `runwatch down` removes it")
+                records[path.stem] = record
             except UsageError as err:
                 records[path.stem] = {"damaged": str(err)}
         return records
@@ -319,13 +363,40 @@ class Lab:
         if "damaged" in record:
             print(f"runwatch: {record['damaged']}; if {name} still runs, stop it by hand", file=sys.stderr)
         proc = self.process(record)
+        # Its whole job, not only its first process: a launcher killed -9 left mpiexec, its
+        # proxy and the ranks training on, holding the trainer's port (issue 28).
+        members = self._job(record)
         if proc is not None:
             proc.terminate()
             if not self._exits(record, timeout):
                 proc.kill()
                 self._exits(record, 5)
+        if members:
+            for member in members:
+                with contextlib.suppress(psutil.Error):
+                    member.terminate()
+            _, left = psutil.wait_procs(members, timeout=timeout)
+            for member in left:
+                with contextlib.suppress(psutil.Error):
+                    member.kill()
+            psutil.wait_procs(left, timeout=5)
         path.unlink(missing_ok=True)
-        return proc is not None
+        return proc is not None or bool(members)
+
+    @staticmethod
+    def _job(record: dict) -> list[psutil.Process]:
+        """Every other process that carries the component's tag in its environment: all that it
+        started, however they were detached (mpiexec, its proxy and each rank set up sessions of
+        their own) and after it died (then they are init's children, in no tree of its)."""
+        tag = record.get("tag")
+        if not isinstance(tag, str) or not tag:
+            return []
+        found = []
+        for other in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if other.pid != record.get("pid") and other.environ().get(JOB_TAG) == tag:
+                    found.append(other)
+        return found
 
     def _exits(self, record: dict, timeout: float) -> bool:
         """Wait until the process has exited. A zombie has: its parent (init, for a detached lab)

@@ -9,6 +9,7 @@ context manager so the process is stopped on every way out, Ctrl-C included.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -91,7 +92,12 @@ class Process:
         log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         self._log = log
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        if not wait_ready(self.ready_url, self.timeout, self.proc):
+        try:
+            ready = wait_ready(self.ready_url, self.timeout, self.proc)
+        except BaseException:  # Ctrl-C while it starts: `with` calls no __exit__ for a failed __enter__
+            self.stop()
+            raise
+        if not ready:
             self.stop()
             tail = self.log_path.read_text(errors="replace").strip().splitlines()[-5:]
             raise ProcessError(f"{Path(self.argv[0]).name} did not become ready: " + " | ".join(tail))
@@ -128,6 +134,16 @@ def _api(base: str, path: str, params: dict, timeout: float = 120) -> dict:
             f"{body.get('errorType', 'error')}: {body.get('error', resp.text)} (query: {params['query']})"
         )
     return body["data"]
+
+
+def quoted(text: str) -> str:
+    """text as the inside of a PromQL string literal: a run id with `"` or `\\` in it selects
+    that run, and cannot end the string and add a query of its own (query injection).
+
+        >>> f'runwatch_train_step{{run_id="{quoted('a"} or vector(1) #')}"}}'
+        'runwatch_train_step{run_id="a\\"} or vector(1) #"}'
+    """
+    return json.dumps(str(text), ensure_ascii=False)[1:-1]  # PromQL's escapes are Go's, which JSON's are
 
 
 def query_range(base: str, query: str, start: float, end: float, step: float = 1.0) -> list[dict]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import requests
 
-from runwatch.prom.server import instant, query_range
+from runwatch.prom.server import instant, query_range, quoted
 
 SCRAPE_INTERVAL_S = 1  # the Prometheus datasource's timeInterval (grafana/provisioning)
 MAX_DATA_POINTS = 1000  # about a panel's width in pixels, which Grafana uses to pick $__interval
@@ -106,7 +106,8 @@ def grafana_intervals(
 def substitute(expr: str, variables: dict[str, str], range_s: float, q: Query | None = None) -> str:
     """Replace Grafana's built-in and template variables ($x and ${x}) in expr."""
     limits = (q.max_data_points, q.min_interval_s) if q is not None else ()
-    values = {**grafana_intervals(range_s, *limits), **variables}
+    # a template variable's value goes inside a quoted label matcher (run_id="$run"): escaped
+    values = {**grafana_intervals(range_s, *limits), **{k: quoted(v) for k, v in variables.items()}}
     # longest names first, so $__range_s is not read as $__range followed by "_s"
     for name in sorted(values, key=len, reverse=True):
         expr = expr.replace("${" + name + "}", values[name])

@@ -25,7 +25,7 @@ from runwatch.core.command import UsageError
 from runwatch.core.files import write_atomic
 from runwatch.core.names import FIRST_FIRED, FIRST_FIRED_RANKS
 from runwatch.core.paths import Layout
-from runwatch.prom.server import instant, query_range
+from runwatch.prom.server import instant, query_range, quoted
 from runwatch.readouts import dashboard_queries as dq
 
 # Colours of the dotted marks where alerts first fired, in order of firing.
@@ -63,7 +63,7 @@ def collect(base: str, run_id: str, since_s: float, now: float | None = None) ->
     start = end - math.ceil(since_s)
     dash = dq.load(Layout().dashboards_dir / "watching-a-run.json")
     variables = {"run": run_id}
-    step_series = query_range(base, f'runwatch_train_step{{run_id="{run_id}"}}', start, end, 1.0)
+    step_series = query_range(base, f'runwatch_train_step{{run_id="{quoted(run_id)}"}}', start, end, 1.0)
     if not step_series:
         raise UsageError(f"--run: no samples of run {run_id!r} in the last {since_s / 60:g} minutes (--since)")
     step_at = {round(float(t), 3): int(float(v)) for t, v in step_series[0]["values"]}
