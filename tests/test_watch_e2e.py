@@ -12,6 +12,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -22,7 +24,7 @@ from runwatch.backtest.backtest import duration_seconds
 from runwatch.backtest.signatures import PLATE_READOUTS, SIGNATURES
 from runwatch.core.names import FIRST_FIRED, WATCH_GRACE_S
 from runwatch.lab.supervise import Component, Lab
-from runwatch.prom.server import instant
+from runwatch.prom.server import instant, query_range
 from runwatch.trainer.config import TrainConfig
 from tests.conftest import holds, wait_for
 from tests.test_lab_e2e import ExtraTrainer, group_interval_s, pages
@@ -172,3 +174,36 @@ def test_a_trainer_prometheus_cannot_reach_pauses_and_the_console_says_so(lab):
         assert json.loads(record.read_text())["paused_since"] is None
     finally:
         extra.close()
+
+
+@pytest.mark.slow
+def test_a_busy_host_is_not_a_slow_node(lab, tmp_path):
+    """A healthy run beside two CPU hogs, its own process stopped for 2 s at a time as a host
+    that stalls: the host's wall time per step shows the stalls, ThroughputDrop (which reads
+    tokens/s, the simulated device's) never goes pending. Measured on the wall clock, one
+    stalled step was a 50% drop, past the threshold with no `for:`."""
+    extra = ExtraTrainer(lab, "busy", "--wait-for-prometheus", "--prometheus", lab.url("prometheus"))
+    prom = lab.url("prometheus")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        # the throughput baseline fills (25 scraped steps, baselines.yml), then the host stalls
+        baseline = f'run:runwatch_train_tokens_per_second:avg60s_offset5s{{run_id="{extra.run_id}"}}'
+        wait_for(lambda: instant(prom, baseline), refill_s(lab), "the throughput baseline")
+        began = time.time()
+        for _ in range(4):
+            extra.proc.send_signal(signal.SIGSTOP)
+            time.sleep(2.0)
+            extra.proc.send_signal(signal.SIGCONT)
+            time.sleep(6.0)
+        ended = time.time()
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    stalled = f'runwatch_train_step_duration_seconds_bucket{{run_id="{extra.run_id}",le="1.5"}}'
+    total = f'runwatch_train_step_duration_seconds_count{{run_id="{extra.run_id}"}}'
+    within, steps = (float(instant(prom, q)[0]["value"][1]) for q in (stalled, total))
+    assert steps - within >= 3, (within, steps)  # the host's stalls, visible in its wall time per step
+    alerts = f'ALERTS{{alertname="ThroughputDrop",run_id="{extra.run_id}"}}'
+    assert query_range(prom, alerts, began, ended + 5, 1.0) == []  # neither pending nor firing
+    extra.close()
