@@ -425,6 +425,7 @@ def test_the_launcher_writes_prometheus_s_targets_for_compose(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # two MPI ranks polling for a minute: both cores, beside the suite's labs
 def test_watched_ranks_hold_together_while_prometheus_is_away_and_a_hang_still_hangs(tmp_path):
     """Two ranks whose clock waits for Prometheus (as the lab runs them). Prometheus stopped
     (SIGSTOP) for longer than the ranks' watchdog: every rank holds at the same step, outside

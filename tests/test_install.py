@@ -32,6 +32,7 @@ def run(argv: list[str], cwd, timeout: float = 300) -> subprocess.CompletedProce
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # a venv and a pip install of its own: a minute of both cores, beside the suite's labs
 def test_a_wheel_in_a_fresh_venv_checks_and_backtests_from_outside_the_checkout(tmp_path):
     wheel_dir, venv, elsewhere = tmp_path / "dist", tmp_path / "venv", tmp_path / "elsewhere"
     elsewhere.mkdir()
