@@ -78,7 +78,7 @@ test: $(VENV)/.installed binaries k8s-tools browser apt-compose-cli
 # Minutes of lab time a case (tests/test_backtest_live.py, tests/test_oncall_e2e.py, the Rules
 # page's browser round-trip, the workbench's sweeps): a tier of its own, run by .ci/run.
 test-slow: $(VENV)/.installed binaries browser
-	$(PYTEST) -m slow -n 2
+	$(PYTEST) -m slow -n 3
 
 test-unit: $(VENV)/.installed
 	$(PYTEST) -m "unit and not torch" -n 2

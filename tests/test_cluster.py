@@ -345,6 +345,7 @@ def test_a_crash_restarts_the_job_from_its_checkpoint_and_counts_the_steps_lost(
     assert np.array_equal(saved["w"], offline.w) and np.array_equal(saved["b"], offline.b)
 
 
+@pytest.mark.slow  # a lab of its own for most of a minute: the slow tier keeps make test within 5 minutes
 @pytest.mark.integration
 def test_a_hang_pages_names_its_rank_and_the_watchdog_restarts_the_job(tmp_path):
     """Rank 1 of seed 2 hangs before step 72's exchange. A real Prometheus with cluster.yml scrapes

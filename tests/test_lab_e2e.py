@@ -202,6 +202,7 @@ def test_a_cluster_run_joins_the_lab_each_rank_a_target_of_its_own(lab):
 NEAR_ONSET = ("--incident", "corrupt_shard", "--fast-forward", "275")
 
 
+@pytest.mark.slow  # a lab of its own for most of a minute: the slow tier keeps make test within 5 minutes
 def test_alertmanager_restart_during_an_incident_still_pages_once(lab_factory):
     lab = lab_factory(*NEAR_ONSET).wait()
     prom, am = lab.url("prometheus"), lab.records()["alertmanager"]
@@ -217,6 +218,7 @@ def test_alertmanager_restart_during_an_incident_still_pages_once(lab_factory):
     holds(lambda: len(pages(lab, lab.run_id, "TrainingLossJump")) == 1, group_interval_s(lab), "a second page")
 
 
+@pytest.mark.slow  # a lab of its own for most of a minute: the slow tier keeps make test within 5 minutes
 def test_pager_down_then_back_gets_the_page_once(lab_factory):
     lab = lab_factory(*NEAR_ONSET).wait()
     record = lab.records()["pager"]
@@ -233,6 +235,7 @@ def test_pager_down_then_back_gets_the_page_once(lab_factory):
     holds(lambda: len(pages(lab, lab.run_id, "GradientNormJump")) == 1, group_interval_s(lab), "a second page")
 
 
+@pytest.mark.slow  # a lab of its own for most of a minute: the slow tier keeps make test within 5 minutes
 def test_broken_rule_edit_is_refused_by_reload_and_old_rules_keep_firing(lab_factory):
     lab = lab_factory(*NEAR_ONSET).wait()
     alerts = lab.layout.rules_dir / "alerts.yml"
@@ -340,6 +343,7 @@ def test_pager_metrics_count_the_pages(lab):
     assert logged["firing"] > 0 and counted == logged
 
 
+@pytest.mark.slow  # a lab of its own for most of a minute: the slow tier keeps make test within 5 minutes
 def test_prometheus_told_to_quit_pages_watchdog_silent(lab_factory):
     """Any local process can POST /-/quit (the lab runs with --web.enable-lifecycle for reload).
     Nothing can alert on Prometheus from Prometheus: the pager's dead-man's switch does. Bound:

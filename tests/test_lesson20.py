@@ -102,6 +102,7 @@ def rolling_median_ratio(scale: np.ndarray, s: int) -> float:
     return scale[s] / np.median(scale[max(0, s - 60) : s + 1])
 
 
+@pytest.mark.slow  # a lab of its own for most of a minute: the slow tier keeps make test within 5 minutes
 def test_a_learning_rate_spike_collapses_the_loss_scale_and_a_healthy_run_does_not():
     collapsed = 0
     for seed in SEEDS:
