@@ -133,10 +133,11 @@ class Sources:
         record = self.run_record(run_id)
         if ended is not None or step is None:
             paused, stopped = False, False
-        elif record is not None:  # the native lab's: the trainer itself says whether it holds or ended
-            paused, stopped = bool(record.get("paused_since")), record.get("status") != "running"
-        else:  # only Prometheus's view: a held trainer and a stopped one look alike to it
-            paused, stopped = False, away is None or away > LIVE_WITHIN_S
+        elif record is not None and record.get("paused_since"):  # the trainer's own word: it holds
+            paused, stopped = True, False
+        else:  # it ended, or Prometheus has lost it (a trainer killed -9 leaves run.json "running")
+            lost = away is None or away > LIVE_WITHIN_S
+            paused, stopped = False, lost or (record is not None and record.get("status") != "running")
         return {
             "started": started, "ended": ended, "drill": incident == "hidden", "incident": incident,
             "step": None if step is None else int(step), "stopped": stopped, "known": record is not None,
