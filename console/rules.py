@@ -331,7 +331,9 @@ def _render(console: Any, layout: Layout, alert: Alert, extra: dict, status: int
                           root=layout.rules_dir, **extra)  # fmt: skip
 
 
-async def backtest(request: Request) -> Response:
+async def _posted(request: Request) -> tuple[Any, Layout, Alert, dict, dict] | Response:
+    """An edit's form, posted for one alert: (console, layout, alert, form, the fields shown
+    back), or the response that refuses it (no such alert, a foreign origin, a bad token)."""
     console, layout, alert = _find(request)
     if alert is None:
         return PlainTextResponse("404 no such alert\n", 404)
@@ -339,6 +341,14 @@ async def backtest(request: Request) -> Response:
     if isinstance(form, Response):
         return form
     shown = {k: form.get(k, "") for k in ("expr", "for", "threshold", "seeds", "strengths")}
+    return console, layout, alert, form, shown
+
+
+async def backtest(request: Request) -> Response:
+    posted = await _posted(request)
+    if isinstance(posted, Response):
+        return posted
+    console, layout, alert, form, shown = posted
     try:
         edit = Edit.of(alert, form)
         _, text = edit.text()
@@ -364,13 +374,10 @@ async def backtest(request: Request) -> Response:
 
 
 async def apply(request: Request) -> Response:
-    console, layout, alert = _find(request)
-    if alert is None:
-        return PlainTextResponse("404 no such alert\n", 404)
-    form = await _form(console, request)
-    if isinstance(form, Response):
-        return form
-    shown = {k: form.get(k, "") for k in ("expr", "for", "threshold", "seeds", "strengths")}
+    posted = await _posted(request)
+    if isinstance(posted, Response):
+        return posted
+    console, layout, alert, form, shown = posted
     try:
         edit = Edit.of(alert, form)
         old, text = edit.text()

@@ -247,6 +247,7 @@ def test_broken_rule_edit_is_refused_by_reload_and_old_rules_keep_firing(lab_fac
     wait_for(lambda: pages(lab, lab.run_id, "GradientNormJump"), 60, "a page from the old rules")
 
 
+@pytest.mark.slow  # a lab of its own for most of a minute: the slow tier keeps make test within 5 minutes
 def test_reload_runs_what_check_runs_and_names_rules_that_fail_when_evaluated(lab_factory):
     """A threshold edit that breaks a promtool unit test is refused, as `check` refuses it; a rule
     promtool accepts but Prometheus cannot evaluate (every target's CPU matched on nothing) is
