@@ -19,7 +19,9 @@ Watched (`watch`, as the lab runs it), the lab clock waits for Prometheus:
 - at the incident's onset it asks Prometheus whether the baselines the alerts compare with are
   recorded (`run:runwatch_baselines:ready`), and while they are not (a gap in scraping emptied
   their windows) the onset moves a step later: an incident is never injected where no alert
-  could see it. run.json says by how many steps it moved.
+  could see it. run.json says by how many steps it moved;
+- kept back by more than a scrape interval (a slow answer from Prometheus, a stalled host), it
+  is set again against the scrapes rather than train the owed steps back to back, unseen.
 Unwatched (`runwatch train` without --wait-for-prometheus), the clock runs as a real job's does.
 
 Not for backtests: `trainer.offline` runs at full speed.
