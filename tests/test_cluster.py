@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runwatch.cluster.launcher import write_targets
 from runwatch.core.command import UsageError
+from runwatch.core.names import WATCH_GRACE_S
 from runwatch.core.paths import REPO
 from runwatch.prom.server import Process, free_port, free_ports_in_a_row, instant, prometheus_argv
 from runwatch.trainer import model, parallel
@@ -456,9 +457,17 @@ def test_watched_ranks_hold_together_while_prometheus_is_away_and_a_hang_still_h
             read_until(proc, "step   10 |", seen)  # rank 0's log: the ranks train, watched
             prom.proc.send_signal(signal.SIGSTOP)
             try:
-                wait_for(
-                    lambda: all(json.loads(r.read_text()).get("paused_since") for r in records), 10, "both to hold"
-                )
+                # Held within the grace after the last scrape (1 s before the stop at most), once
+                # the step under way ends: a step outlasting the watchdog's 6 s would end the job.
+                bound = WATCH_GRACE_S + 1 + 6
+                try:
+                    wait_for(lambda: all(json.loads(r.read_text()).get("paused_since") for r in records), bound,
+                             "both to hold")  # fmt: skip
+                except pytest.fail.Exception:
+                    proc.terminate()
+                    out, err = proc.communicate(timeout=60)
+                    states = [json.loads(r.read_text()) for r in records]
+                    pytest.fail(f"the ranks did not both hold within {bound} s: {states}\n{''.join(seen)}{out}{err}")
                 held = [json.loads(r.read_text())["last_step"] for r in records]
                 assert held[0] == held[1] and held[0] < 72, held  # together, before the hang's step
                 time.sleep(6 + 2)  # past the watchdog's 6 s: a held rank is in no exchange

@@ -155,6 +155,41 @@ def test_a_slow_answer_at_the_onset_sets_the_clock_again_rather_than_race(tmp_pa
     assert next(rec.step for _, rec, _ in metrics.published if rec.incident_active) == 20  # ready: not moved
 
 
+def test_prometheus_gone_while_the_clock_is_set_again_is_a_hold_the_run_says(tmp_path):
+    """The answer at the onset takes 3 s, and Prometheus goes away during it for 30 s. Setting
+    the clock again, the run finds nobody scraping: it holds as for any gap (says so, records
+    paused_since, counts the wait), instead of waiting for scrapes with no word."""
+    cfg = TrainConfig(steps=40, onset=20, incident="lr_spike", run_id="g")
+    prom = Prometheus()
+    paused: list[str | None] = []
+
+    def slow_ready() -> bool:
+        if prom.gap[0] == float("inf"):  # the first answer; asked again after the hold
+            prom.gap = (prom.now + 1.0, prom.now + 31.0)
+        prom.sleep(3.0)
+        return True
+
+    class Seen(RunRecord):
+        def save(self, **changes):
+            if "paused_since" in changes:
+                paused.append(changes["paused_since"])
+            super().save(**changes)
+
+    metrics, lines = Recorded(cfg, prom), []
+    record = Seen(tmp_path / "run.json", cfg, cfg)
+    status = run_live(cfg, metrics, record, stop=threading.Event(), log=lines.append, clock=prom.clock,
+                      sleep=prom.sleep, watch=Watch(prom, [prom], slow_ready))  # fmt: skip
+    assert status == "completed"
+    assert len(paused) == 2 and paused[0] and paused[1] is None, paused
+    fell = lines.index("the clock fell 3 s behind; setting it against the scrapes again")
+    assert lines[fell + 1].startswith("paused after step 19: Prometheus has not scraped for"), lines
+    gap = prom.gap
+    assert [t for t, rec, _ in metrics.published if gap[0] + WATCH_GRACE_S + 1 < t < gap[1]] == []
+    waited = metrics.registry.get_sample_value("runwatch_train_watcher_wait_seconds_total", {"run_id": "g"})
+    assert waited >= gap[1] - gap[0] - WATCH_GRACE_S - 1
+    assert next(rec.step for _, rec, _ in metrics.published if rec.incident_active) == 20
+
+
 def test_a_drill_moves_its_onset_in_its_sealed_answer_only(tmp_path):
     cfg = TrainConfig(steps=60, onset=20, incident="repeated_batch", run_id="d", drill=True)
     public = dataclasses.replace(cfg, incident="hidden", onset=-1)  # as runwatch train records a drill

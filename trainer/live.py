@@ -73,14 +73,15 @@ class Watch:
     `clock_by` is the exporter whose scrapes set the lab clock (the job's training metrics);
     `servers` every exporter of this process Prometheus must keep scraping (a rank's own too).
     `ready()` says whether the alerts' baselines are recorded for the run (asked of Prometheus;
-    None: the onset never waits). `agree(flags)` turns this process's (hold, not ready) into the
-    job's: over MPI, every rank's, so that all ranks hold and move their onset together.
+    None: the onset never waits). `agree(flags)` turns this process's flags (hold, not ready,
+    late) into the job's: over MPI, every rank's, so that all ranks hold, set their clocks and
+    move their onset together (no rank may wait for scrapes while another is in an exchange).
     """
 
     clock_by: Scraped
     servers: Sequence[Scraped] = ()
     ready: Callable[[], bool] | None = None
-    agree: Callable[[tuple[bool, bool]], tuple[bool, bool]] = lambda flags: flags
+    agree: Callable[[tuple[bool, ...]], tuple[bool, ...]] = lambda flags: flags
     grace: float = WATCH_GRACE_S
     _servers: list[Scraped] = field(init=False)
 
@@ -227,8 +228,10 @@ def _watched(
     recorded. Returns when the clock goes on if it was set again (None: as it was), and whether
     it held (every rank did, by watch.agree: the loop looks again)."""
     at_onset = trainer.next_step == trainer.cfg.onset and trainer.cfg.incident != "none"
-    away = watch.unseen(clock()) > watch.grace
-    hold, unready = watch.agree((away, at_onset and watch.ready is not None and not watch.ready()))
+    unready = at_onset and watch.ready is not None and not watch.ready()  # an answer may take seconds
+    now = clock()
+    away, late = watch.unseen(now) > watch.grace, now - due > SCRAPE_INTERVAL_S
+    hold, unready, late = watch.agree((away, unready, late))  # every rank's, so all do the same
     if hold:
         began = clock()
         record.save(paused_since=utc_now())
@@ -236,20 +239,26 @@ def _watched(
         metrics.waited(clock() - began)
         record.save(paused_since=None)
         return (clock() if resumed is None else resumed), True  # stopped: the loop ends
+    start = None
+    if late:
+        # Kept back (a slow answer from Prometheus, a DNS lookup of seconds, a stalled host): the
+        # deadlines would have the owed steps trained back to back, between two scrapes, and
+        # unseen. Set the clock again against the scrapes instead, as after a hold; should the
+        # scrapes stop meanwhile, that is a hold like any other, which the loop takes next.
+        # (no step in the line: a drill's onset would show)
+        log(f"the clock fell {now - due:.0f} s behind; setting it against the scrapes again")
+        began = clock()
+        start = _set_clock(trainer, watch.clock_by.scraped, stop, log, clock, sleep,
+                           away=lambda: watch.unseen(clock()) > watch.grace)  # fmt: skip
+        metrics.waited(clock() - began)
+        (gone,) = watch.agree((start is None,))
+        if gone:
+            return clock(), True
     if at_onset and unready and trainer.cfg.onset + 1 < trainer.cfg.steps:
         trainer.move_onset(trainer.cfg.onset + 1)
     elif at_onset and trainer.cfg.onset != planned:
         _moved(trainer.cfg, planned, record, log, onset_moved)
-    if (late := clock() - due) > SCRAPE_INTERVAL_S:
-        # Kept back (a slow answer from Prometheus, a DNS lookup of seconds, a stalled host): the
-        # deadlines would have the owed steps trained back to back, between two scrapes, and
-        # unseen. Set the clock again against the scrapes instead, as after a hold.
-        log(f"the clock fell {late:.0f} s behind; setting it against the scrapes again")  # no step: a drill's onset
-        began = clock()
-        start = _set_clock(trainer, watch.clock_by.scraped, stop, log, clock, sleep)
-        metrics.waited(clock() - began)
-        return start, False
-    return None, False
+    return start, False
 
 
 def _hold(
@@ -303,12 +312,14 @@ def _set_clock(
     log: Callable[[str], None],
     clock: Callable[[], float],
     sleep: Callable[[float], None],
-) -> float:
+    away: Callable[[], bool] | None = None,
+) -> float | None:
     """When (on `clock`) the lab clock reads trainer.lab_time: with `scraped`, after Prometheus's
-    next scrape, where that scrape falls SCRAPE_PHASE into a lab second; else now."""
-    scrape = _wait_for_scrape(scraped, stop, log, clock)
+    next scrape, where that scrape falls SCRAPE_PHASE into a lab second; else now. None if
+    `away()` turns true while it waits for the scrapes."""
+    scrape = _wait_for_scrape(scraped, stop, log, clock, away)
     if scrape is None:
-        return clock()
+        return None if away is not None and away() else clock()
     start = scrape + (trainer.lab_time - SCRAPE_PHASE) % 1.0
     if start > clock():
         sleep(start - clock())
@@ -316,8 +327,9 @@ def _set_clock(
 
 
 def _wait_for_scrape(
-    scraped: threading.Event | None, stop: threading.Event, log: Callable[[str], None], clock: Callable[[], float]
-) -> float | None:
+    scraped: threading.Event | None, stop: threading.Event, log: Callable[[str], None], clock: Callable[[], float],
+    away: Callable[[], bool] | None = None,
+) -> float | None:  # fmt: skip
     """Hold the first live step until Prometheus has scraped PHASE_SCRAPES times: steps it never
     scrapes would be missing from every baseline. Returns when (on `clock`) the last of them was
     due, by the least late of them (scrapes come 1 s apart); None without `scraped`. Scrapes
@@ -330,7 +342,8 @@ def _wait_for_scrape(
     while len(arrivals) < PHASE_SCRAPES and not stop.is_set():
         scraped.clear()
         while not scraped.wait(0.01) and not stop.is_set():
-            pass
+            if away is not None and away():
+                return None
         arrivals.append(clock())
     last = arrivals[-1] if arrivals else clock()
     return last + min((((a - last + 0.5) % 1.0) - 0.5 for a in arrivals), default=0.0)

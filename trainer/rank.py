@@ -70,10 +70,11 @@ class RankTrainer(Trainer):
             self.fault = fault_of(self.cfg)
             self.drain = drain_step(self.cfg, self.fault) if self.fault.kind == "ecc" else None
 
-    def agree(self, flags: tuple[bool, bool]) -> tuple[bool, bool]:
-        """Every rank's (hold, onset not ready), any of them true for all: the ranks hold and
-        move their onset together (trainer.live's watch). A nonblocking allreduce, polled, as
-        the exchange is; a stop while it waits ends the loop."""
+    def agree(self, flags: tuple[bool, ...]) -> tuple[bool, ...]:
+        """Every rank's flags (trainer.live's watch: hold, onset not ready, clock late), each
+        true for all if true for any: the ranks hold, set their clocks and move their onset
+        together. A nonblocking allreduce, polled, as the exchange is; a stop while it waits
+        ends the loop."""
         from mpi4py import MPI  # a rank runs under MPI; the one-process trainer never comes here
 
         mine = np.array([float(f) for f in flags])
@@ -83,7 +84,7 @@ class RankTrainer(Trainer):
             if self.stop.is_set():
                 raise Interrupted()
             self.sleep(POLL_SECONDS)
-        return bool(out[0]), bool(out[1])
+        return tuple(bool(v) for v in out)
 
     def restore(self, path) -> None:
         super().restore(path)
