@@ -4,6 +4,7 @@ import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,11 +68,47 @@ def test_deleting_a_baseline_guard_fails_a_unit_test(tmp_path, guard):
     assert res.returncode == 1 and "FAILED" in res.stdout + res.stderr
 
 
-def test_generated_incident_tests_are_up_to_date():
-    spec = importlib.util.spec_from_file_location("make_incident_tests", TESTS / "make_incident_tests.py")
+@pytest.mark.parametrize("maker, out", [("make_incident_tests", "incidents"), ("make_two_runs_test", "two_runs")])
+def test_generated_rule_tests_are_up_to_date(maker, out):
+    spec = importlib.util.spec_from_file_location(maker, TESTS / f"{maker}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.render() == (TESTS / "incidents.test.yml").read_text(), "run prometheus/tests/make_incident_tests.py"
+    assert module.render() == (TESTS / f"{out}.test.yml").read_text(), f"run prometheus/tests/{maker}.py"
+
+
+# A learner's rule that names each step-time alert with its seed, joined on `job`: with one run
+# there is one run_info series per job and it evaluates cleanly, live and in every test file
+# but one; with a second run (the lab's --control, a restarted lab) the join is many-to-many.
+JOINED_ON_JOB = """      - alert: SlowStepsOfSeed
+        expr: >-
+          histogram_quantile(0.9, rate(runwatch_train_step_duration_seconds_bucket[1m]))
+          * on(job) group_left(seed) runwatch_train_run_info > 1
+        labels:
+          severity: warning
+        annotations:
+          summary: "steps of seed {{ $labels.seed }} take over a second"
+          runbook_url: http://127.0.0.1:9095/runbooks/ThroughputDrop.md
+"""
+
+
+@pytest.mark.integration
+def test_a_rule_that_fails_only_once_a_second_run_exists_is_refused_by_check(tmp_path):
+    """Issue 28, item 7: such a rule passed `check`, so `reload` (which runs what check runs)
+    applied it while the lab had one run. two_runs.test.yml serves every exported series for
+    two runs at once; the rule fails there, named, with Prometheus's own error."""
+    for d in ("prometheus", "alertmanager"):
+        shutil.copytree(REPO / d, tmp_path / d)
+    alerts = tmp_path / "prometheus" / "rules" / "alerts.yml"
+    edit(alerts, "      - alert: TrainingLossJump\n", JOINED_ON_JOB + "      - alert: TrainingLossJump\n", 1)
+    tests = sorted((tmp_path / "prometheus" / "tests").glob("*.test.yml"))
+    others = promtool("test", "rules", *(str(t) for t in tests if t.name != "two_runs.test.yml"), cwd=tmp_path)
+    assert others.returncode == 0, others.stdout + others.stderr  # no other file sees two runs' run_info
+    res = subprocess.run([sys.executable, "-m", "runwatch", "check", "--root", str(tmp_path)], cwd=tmp_path,
+                         capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    (line,) = [x.strip() for x in res.stdout.splitlines() if "SlowStepsOfSeed fails when evaluated" in x]
+    assert re.match(r"prometheus/tests/two_runs\.test\.yml: SlowStepsOfSeed fails when evaluated \(from \d+s\): ", line)
+    assert "many-to-many matching not allowed" in line
 
 
 def test_the_alerts_exist_with_the_names_python_knows():

@@ -46,6 +46,7 @@ MISSING_TARGETS = re.compile(r'WARNING: file "[^"]*targets/[^"]*" for file_sd in
 STRUCTURE = re.compile(r"(Checking |Unit Testing: |FAILED:|SUCCESS)")
 
 
+_EVAL_ERROR = re.compile(r"^\s*rule: (?P<rule>\S+), time: (?P<time>[^,]+), err: (?P<err>.*)$")
 _CASE = re.compile(r'^\s*(?:alertname: (?P<alert>\S+)|expr: (?P<expr>".*")), time: (?P<time>[^,]+),')
 _SAMPLE = re.compile(r"^\s*(?P<side>exp|got): (?P<labels>\{.*?\})? ?(?P<value>\S+)?$")
 _PAIR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -61,14 +62,22 @@ def _show(labels: dict[str, str]) -> str:
 
 def test_failures(output: str) -> list[str]:
     """One line per difference in promtool's output for one test file: "ALERT at TIME: what
-    differs". For an alert, each expected alert missing, each unexpected one, and each annotation
-    whose text differs; for an expression, each sample's value.
+    differs"; one per rule that fails when evaluated. For an alert, each expected alert missing,
+    each unexpected one, and each annotation whose text differs; for an expression, each
+    sample's value.
 
     >>> test_failures('''  FAILED:
     ...     expr: "up", time: 1m4s,
     ...         exp: {__name__="up"} 6.5E+01
     ...         got: {__name__="up"} 6.4E+01''')
     ['expression "up" at 1m4s: {__name__="up"}: exp 6.5E+01, got 6.4E+01']
+
+    A rule that fails to evaluate is named once, with its first error:
+
+    >>> test_failures('''  FAILED:
+    ...     rule: Bad, time: 0s, err: many-to-many matching not allowed
+    ...     rule: Bad, time: 1s, err: many-to-many matching not allowed''')
+    ['Bad fails when evaluated (from 0s): many-to-many matching not allowed']
     """
     found: list[str] = []
     case, side = "", ""
@@ -78,9 +87,13 @@ def test_failures(output: str) -> list[str]:
         if case and sides:
             found.extend(f"{case}: {d}" for d in _differences(sides.get("exp", []), sides.get("got", [])))
 
+    failing: set[str] = set()
     for line in output.splitlines():
         text = line.strip()
-        if m := _CASE.match(line):
+        if (m := _EVAL_ERROR.match(line)) and m["rule"] not in failing:  # its first evaluation error
+            failing.add(m["rule"])
+            found.append(f"{m['rule']} fails when evaluated (from {m['time']}): {m['err']}")
+        elif m := _CASE.match(line):
             flush()
             what = f"{m['alert']}" if m["alert"] else f"expression {m['expr']}"
             case, side, sides = f"{what} at {m['time']}", "", {}
