@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import errno
 import json
+import re
 import signal
 import sys
 import threading
@@ -40,6 +41,7 @@ DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
 PROMETHEUS = "http://127.0.0.1:9090"  # the lab's, natively and through compose's published port
 # Alertmanager's group_wait (up to 5 s) and a few retries: a page later than this is lost, or late.
 UNPAGED_AFTER_S = 60.0
+TOKEN = re.compile(r"[A-Za-z0-9_-]{16,}")  # what --token-file holds: runwatch up writes secrets.token_urlsafe(32)
 UNPAGED_EVERY_S = 10.0
 _HERE = Path(__file__).resolve().parents[1]
 # The checkout's runbooks/ (oncall/ is runwatch.oncall, mapped from the top of the checkout), or,
@@ -390,6 +392,11 @@ def serve_main(argv: list[str] | None = None) -> int:
         help="Prometheus whose rules in force each page stores (default: none, pages carry no rule)",
     )  # fmt: skip
     parser.add_argument(
+        "--token-file", type=Path, default=None, metavar="PATH",
+        help="take webhooks only with this file's token as their Bearer credential (runwatch up gives "
+        "Alertmanager the same file); default: any local process may post",
+    )  # fmt: skip
+    parser.add_argument(
         "--watchdog-timeout", type=_seconds, default=WATCHDOG_TIMEOUT_S, metavar="SECONDS",
         help=f"page {WATCHDOG_SILENT} when the Watchdog heartbeat stops this long (default {WATCHDOG_TIMEOUT_S:g})",
     )  # fmt: skip
@@ -399,6 +406,18 @@ def serve_main(argv: list[str] | None = None) -> int:
     if not args.runbooks.is_dir():
         print(f"{parser.prog}: --runbooks: {args.runbooks} is not a directory", file=sys.stderr)
         return 2
+    token = None
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            print(f"{parser.prog}: --token-file: cannot read {args.token_file}: {getattr(e, 'strerror', None) or e}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        if not TOKEN.fullmatch(token):
+            shape = "16 or more of A-Z a-z 0-9 - _"
+            print(f"{parser.prog}: --token-file: {args.token_file} does not hold a token ({shape})", file=sys.stderr)
+            return 2
     # As PID 1 in a container, SIGTERM without a handler is ignored and `docker compose stop`
     # waits 10 s to SIGKILL: stop as Ctrl-C does, closing the server. Installed before the port
     # is bound, so a SIGTERM that comes as soon as the port answers is handled too.
@@ -406,7 +425,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     try:
         server = make_server(
             args.host, args.port, args.log, runbooks=args.runbooks, watchdog_timeout=args.watchdog_timeout,
-            prometheus=args.prometheus, allow_hosts=args.allow_host,
+            prometheus=args.prometheus, allow_hosts=args.allow_host, token=token,
         )  # fmt: skip
     except KeyboardInterrupt:  # stopped while loading the page log
         return 0

@@ -17,6 +17,10 @@ person acknowledges it with a comment (POST /api/ack, appended to the same log a
 line, fsynced, kept once by its ack_id) and its alert has resolved. Re-firing joins it.
 The pager groups pages into incidents by alert and run; it never decides whether one fired.
 
+Given a token (`runwatch up` gives it one, and the same to Alertmanager's webhooks as a Bearer
+credential), the pager takes a webhook only with that token: a page or a heartbeat posted by
+anything that cannot read the lab's state directory is refused with 401 before its body is read.
+
 Do not use this to decide whether an alert should fire; that lives in the PromQL rule files.
 Do not point two pager processes at one log: the lock that keeps lines whole is per process.
 
@@ -27,6 +31,7 @@ Do not point two pager processes at one log: the lock that keeps lines whole is 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import io
 import json
 import os
@@ -606,7 +611,7 @@ class PagerMetrics:
         )
         for status in STATUSES:
             self.pages.labels(status)
-        for reason in ("malformed", "too_large", "length_required", "write_failed", "foreign"):
+        for reason in ("malformed", "too_large", "length_required", "write_failed", "foreign", "unauthorized"):
             self.rejected.labels(reason)
 
 
@@ -759,6 +764,7 @@ class PagerServer(ThreadingHTTPServer):
         self.max_body, self.clock = max_body, clock
         self.runbooks: Path | None = None
         self.prometheus = ""  # where the rules in force are read; "" stores pages without them
+        self.token: str | None = None  # a webhook must carry it as "Authorization: Bearer TOKEN"; None: any may post
         self.watchdog = Watchdog(WATCHDOG_TIMEOUT_S)
         self.hosts = served_hosts(address[0], self.server_address[1])  # the Host headers the webhook answers
         self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="pager-worker")
@@ -996,6 +1002,13 @@ class _Handler(BaseHTTPRequestHandler):
         foreign = self._foreign()  # before the body is read: a refused request costs nothing
         if foreign is not None:
             return self._reject(403, "foreign", "headers", foreign)
+        token = self.server.token
+        if token is not None and not hmac.compare_digest(
+            self.headers.get("Authorization", "").encode(), f"Bearer {token}".encode()
+        ):
+            problem = "missing" if "Authorization" not in self.headers else "does not carry the lab's token"
+            problem += "; only the lab's Alertmanager posts here"
+            return self._reject(401, "unauthorized", "Authorization", problem)
         header = self.headers.get("Content-Length")
         if header is None:
             return self._reject(411, "length_required", "Content-Length", "header is required")
@@ -1057,6 +1070,7 @@ def make_server(
     watchdog_timeout: float = WATCHDOG_TIMEOUT_S,
     prometheus: str = "",
     allow_hosts: tuple[str, ...] | list[str] = (),
+    token: str | None = None,
 ) -> PagerServer:
     """Load the page log and bind the pager to host:port (0 picks a free port); call serve_forever() to run it.
 
@@ -1076,5 +1090,6 @@ def make_server(
     server.watchdog.timeout = watchdog_timeout
     server.prometheus = prometheus  # each page stores its alert's rule in force, read from here
     server.hosts = served_hosts(host, server.server_address[1], allow_hosts)  # e.g. compose's `pager`
+    server.token = token  # the webhooks' Bearer token, if any
     threading.Thread(target=server.watch, args=(server.stopped,), name="watchdog", daemon=True).start()
     return server

@@ -152,6 +152,13 @@ def threshold(alert: str, value: str) -> str:
     return f"alertname: {alert}\n        expr: vector({value})\n"
 
 
+def as_the_lab_s_alertmanager(state: Path) -> dict[str, str]:
+    """The header a lab's pager asks of every webhook: its token, which `runwatch up` gives
+    Alertmanager (state/pager.token). A test posting a page with it is a local process that
+    read the lab's state directory; without it, the pager refuses the post."""
+    return {"Authorization": f"Bearer {(Path(state) / 'pager.token').read_text().strip()}"}
+
+
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -18,7 +18,7 @@ from runwatch.core.paths import REPO
 from runwatch.oncall.pager import read_incidents, read_pages, received_time, time_to_ack
 from runwatch.prom.server import instant
 from runwatch.trainer.config import TrainConfig
-from tests.conftest import wait_for
+from tests.conftest import as_the_lab_s_alertmanager, wait_for
 from tests.test_lab_e2e import NEAR_ONSET, ExtraTrainer, firing_in_prometheus
 
 REFRESH_S = 1.0  # console.js polls the plate and the pages every second
@@ -147,7 +147,8 @@ def test_a_page_shows_within_3s_of_the_pager_storing_it_and_its_html_as_text(lab
     tab.goto(f"{lab.url('console')}/?run={run_id}")
     tab.wait_for_selector("#no-pages")
     text = '<img src=x onerror="alert(1)"><b>bold</b><script>alert(2)</script>'
-    resp = requests.post(f"{lab.url('pager')}/webhook", json={"alerts": [forged_page(run_id, text)]}, timeout=5)
+    resp = requests.post(f"{lab.url('pager')}/webhook", json={"alerts": [forged_page(run_id, text)]},
+                         headers=as_the_lab_s_alertmanager(lab.state), timeout=5)  # fmt: skip
     assert resp.json()["stored"] == 1
     row = tab.wait_for_selector('li.page[data-alert="HtmlInAPage"]', timeout=3000)  # the bound
     assert text in row.inner_text()

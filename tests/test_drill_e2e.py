@@ -21,7 +21,7 @@ from runwatch.core.addresses import lab_url
 from runwatch.drill.drill import notification_window_s
 from runwatch.oncall.pager import read_pages
 from runwatch.prom.server import instant
-from tests.conftest import runwatch, wait_for
+from tests.conftest import as_the_lab_s_alertmanager, runwatch, wait_for
 
 INCIDENT_NAMES = ("lr_spike", "corrupt_shard", "repeated_batch", "slow_node")
 
@@ -60,14 +60,18 @@ FORGED = {
 }
 
 
-def forge_a_page(pager: str, run_id: str) -> None:
-    """What any local process can do: post a page to the pager, for the drill's run."""
+def forge_a_page(state, run_id: str) -> None:
+    """A page posted to the pager for the drill's run: refused from a process without the lab's
+    token, stored from one that read it in the state directory (shown in the postmortem, inert)."""
     alert = {
         "status": "firing", "fingerprint": "f0f0", "startsAt": "2026-01-01T00:00:00Z",
         "labels": {"alertname": FORGED["alertname"], "run_id": run_id, "severity": "page"},
         "annotations": {"summary": FORGED["summary"]},
     }  # fmt: skip
-    assert requests.post(f"{pager}/webhook", json={"alerts": [alert]}, timeout=5).status_code == 200
+    pager = f"{lab_url(state, 'pager')}/webhook"
+    assert requests.post(pager, json={"alerts": [alert]}, timeout=5).status_code == 401
+    resp = requests.post(pager, json={"alerts": [alert]}, headers=as_the_lab_s_alertmanager(state), timeout=5)
+    assert resp.status_code == 200
 
 
 def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
@@ -85,7 +89,7 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert "--drill-seed" not in trainer["argv"] and "corrupt_shard" not in trainer["argv"]
     # nor its training seed (issue 28): drawn in secret, a replay of it would name the onset
     assert "--seed" not in trainer["argv"] and 'seed="hidden"' in metrics and record["config"]["seed"] == -1
-    forge_a_page(lab_url(state, "pager"), run_id)
+    forge_a_page(state, run_id)
 
     res = runwatch("drill", "--state-dir", str(state), cwd=tmp_path)
     assert res.returncode == 2 and "already running" in res.stderr
@@ -149,8 +153,17 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     (state / "drill.json").write_text(json.dumps(record))
 
     # Issue 28: a page of a real alert forged after it stopped firing was a confirmed "Page".
-    # Forged for an alert of the run that has resolved, once ALERTS has not had it firing for
-    # the longest Alertmanager may take to page (notification_window_s, from alertmanager.yml).
+    # Forged at once, within the window in which Alertmanager's own retry could still come,
+    # time cannot tell it from a real one: without the lab's token the pager refuses it.
+    resolved = next(p for p in read_pages(state / "pages.jsonl") if p["status"] == "resolved" and p["run_id"] == run_id)
+    soon = {
+        "status": "firing", "fingerprint": "soon", "startsAt": "2026-01-01T00:00:00Z",
+        "labels": {"alertname": resolved["alert"], "run_id": run_id, "severity": "page"},
+        "annotations": {"summary": "a forgery at once"},
+    }  # fmt: skip
+    assert requests.post(f"{lab_url(state, 'pager')}/webhook", json={"alerts": [soon]}, timeout=5).status_code == 401
+    # Posted with the token, once ALERTS has not had the alert firing for the longest
+    # Alertmanager may take to page (notification_window_s, from alertmanager.yml): unconfirmed.
     window = notification_window_s(state / "alertmanager" / "alertmanager.yml")
 
     def resolved_a_window_ago() -> str | None:
@@ -166,7 +179,9 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
         "labels": {"alertname": gone, "run_id": run_id, "severity": "page"},
         "annotations": {"summary": "a late forgery"},
     }  # fmt: skip
-    assert requests.post(f"{lab_url(state, 'pager')}/webhook", json={"alerts": [late]}, timeout=5).status_code == 200
+    resp = requests.post(f"{lab_url(state, 'pager')}/webhook", json={"alerts": [late]},
+                         headers=as_the_lab_s_alertmanager(state), timeout=5)  # fmt: skip
+    assert resp.status_code == 200
 
     out = tmp_path / "pm.md"
     res = runwatch("postmortem", "--out", str(out), "--state-dir", str(state), cwd=tmp_path)
@@ -181,6 +196,7 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     firsts = [kinds.index(k) for k in order]
     assert firsts == sorted(firsts), rows
     assert [t for t, _ in rows] == sorted(t for t, _ in rows)
+    assert "a forgery at once" not in text  # refused, never stored
     (late_row,) = [event for _, event in rows if "a late forgery" in event]
     assert late_row.startswith("Unconfirmed page") and f": {gone} (step" in late_row, late_row
     forged = [event for _, event in rows if "ForgedPage" in event]  # shown, but inert

@@ -248,3 +248,59 @@ def test_a_web_page_cannot_ack_an_incident_at_the_pager(pager):
         assert status == 403 and json.loads(reply)["field"] == "headers", headers
     status, _ = pager.request("POST", "/api/ack", body.encode())  # a local client: judged on its body
     assert status in (200, 409)
+
+
+# --- issue 28, item 11: a page forged by a local process within Alertmanager's window ---
+
+TOKEN = "t0ken-of-the-lab-0123456789abcdef"
+
+
+@pytest.mark.parametrize("path", ["/webhook", "/watchdog"])
+def test_with_a_token_only_a_post_carrying_it_is_taken(tmp_path, path):
+    """A page forged a second after its alert resolved is indistinguishable by time from
+    Alertmanager's retry of it (notification_window_s): the lab's pager asks for the token
+    Alertmanager is given instead, and refuses anything else before reading the body."""
+    pager = Pager(tmp_path / "pages.jsonl", token=TOKEN)
+    try:
+        body = json.dumps(payload(alert(fingerprint="forged"))).encode()
+        refused = {
+            "no Authorization": {},
+            "a wrong token": {"Authorization": "Bearer not-the-lab-s-token-000000"},
+            "the token without its scheme": {"Authorization": TOKEN},
+            "the token as a prefix": {"Authorization": f"Bearer {TOKEN}x"},
+            "basic credentials": {"Authorization": "Basic YWxlcnRtYW5hZ2VyOnB3"},
+        }
+        for what, headers in refused.items():
+            status, reply = pager.request("POST", path, body, headers=headers)
+            assert status == 401 and json.loads(reply)["field"] == "Authorization", what
+        assert read_pages(pager.log_path) == [] and pager.sample("runwatch_pager_watchdog_last_timestamp_seconds") == 0
+        assert pager.sample("runwatch_pager_rejected_total", reason="unauthorized") == len(refused)
+        status, _ = pager.request("POST", path, body, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert status == 200
+        if path == "/webhook":
+            assert [p["fingerprint"] for p in read_pages(pager.log_path)] == ["forged"]  # Alertmanager's, stored
+        else:
+            assert pager.sample("runwatch_pager_watchdog_last_timestamp_seconds") > 0  # a heartbeat heard
+    finally:
+        pager.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "content, problem",
+    [(None, "cannot read"), ("", "does not hold a token"), ("short\n", "does not hold a token"),
+     ("has spaces in it, which no token has\n", "does not hold a token")],
+    ids=["missing", "empty", "short", "not a token"],
+)  # fmt: skip
+def test_a_token_file_the_pager_cannot_use_is_one_line_naming_the_flag(tmp_path, content, problem):
+    token_file = tmp_path / "pager.token"
+    if content is not None:
+        token_file.write_text(content)
+    res = subprocess.run(
+        [sys.executable, "-m", "runwatch", "pager-serve", "--port", str(free_port()), "--log",
+         str(tmp_path / "pages.jsonl"), "--token-file", str(token_file)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith("runwatch pager-serve: --token-file: ") and problem in res.stderr
+    assert not (tmp_path / "pages.jsonl").exists()

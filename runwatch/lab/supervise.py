@@ -103,6 +103,7 @@ class Lab:
         self.alertmanager_yml = self.state / "alertmanager" / "alertmanager.yml"
         self.targets = self.prometheus_dir / "targets"
         self.page_log = self.state / "pages.jsonl"
+        self.pager_token = self.state / "pager.token"  # the webhooks' Bearer credential, owner-only
         self.runs = self.state / "runs"
         self._ports: dict[str, int] | None = None  # set by `up` as it starts the lab
 
@@ -164,9 +165,33 @@ class Lab:
             previous.rename(rules)
 
     def render_alertmanager_config(self) -> None:
-        """Alertmanager's config as the repository has it, with loopback addresses."""
+        """Alertmanager's config as the repository has it, with loopback addresses, and each
+        webhook to the pager carrying the lab's token (pager.token, made here once), which the
+        pager asks of every webhook: no other process on the machine can page the learner."""
+        import yaml  # here: `runwatch status` and `ack` need no YAML
+
         self.alertmanager_yml.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.alertmanager_yml, loopback(self.layout.alertmanager_yml.read_text(), self.ports))
+        if not self.pager_token.exists():
+            write_atomic(self.pager_token, secrets.token_urlsafe(32) + "\n", mode=0o600)
+        source = self.layout.alertmanager_yml
+        try:
+            config = yaml.safe_load(loopback(source.read_text(), self.ports))
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            line = f" line {where.line + 1}" if where is not None else ""
+            problem = getattr(e, "problem", None) or e
+            raise UsageError(f"{source}:{line}: not YAML ({problem}); see `runwatch check`") from None
+        if not isinstance(config, dict):
+            raise UsageError(f"{source}: not an Alertmanager configuration (a mapping); see `runwatch check`")
+        pager = self.url("pager") + "/"
+        for receiver in config.get("receivers") or []:
+            for hook in receiver.get("webhook_configs") or []:
+                if str(hook.get("url", "")).startswith(pager):
+                    auth = {"type": "Bearer", "credentials_file": str(self.pager_token)}
+                    hook["http_config"] = {**(hook.get("http_config") or {}), "authorization": auth}
+        header = (f"# {source}, as `runwatch up` serves it: compose's service names on loopback, and the\n"
+                  f"# lab's token on each webhook to the pager. Edit {source.name} there, not here.\n")  # fmt: skip
+        write_atomic(self.alertmanager_yml, header + yaml.safe_dump(config, sort_keys=False, width=120))
 
     def write_target(self, job_file: str, addresses: list[str]) -> None:
         """Write targets/<job_file>.json atomically: file_sd must never read half a file."""
@@ -253,6 +278,7 @@ class Lab:
     def _pager(self) -> Component:
         argv = [*PY, "pager-serve", "--port", str(self.ports["pager"]), "--log", str(self.page_log)]
         argv += ["--runbooks", str(self.layout.runbooks_dir), "--prometheus", self.url("prometheus")]
+        argv += ["--token-file", str(self.pager_token)]  # made with Alertmanager's config, before either starts
         return self._serving("pager", argv, "/metrics")
 
     def _alertmanager(self) -> Component:
