@@ -123,6 +123,7 @@ def paused_before_the_onset(lab_factory, incident: str) -> None:
     holds(lambda: len(pages(lab, lab.run_id, alert)) == 1, group_interval_s(lab), "a second page")
 
 
+@pytest.mark.slow  # 90 s of lab time: make test keeps within its 5 minutes (an AM restart and a lost target stay)
 def test_prometheus_stopped_before_an_lr_spike_s_onset_still_pages_at_its_readout(lab_factory):
     paused_before_the_onset(lab_factory, "lr_spike")
 
