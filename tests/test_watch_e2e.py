@@ -78,13 +78,14 @@ def readouts(lab: Lab) -> dict[str, int]:
 
 
 def assert_the_plate_s_readouts(lab: Lab, incident: str, onset: int) -> None:
-    """Each alert the plate has fire does so in its window shifted to the real onset; each the
-    plate keeps silent has not fired (so far)."""
+    """Each alert the plate has fire does so in its window shifted to the real onset (live lag
+    may add a step, as in test_lab_e2e's readouts: the rule evaluation that first sees a step's
+    sample can come after the next scrape); each the plate keeps silent has not fired (so far)."""
     shift, got = onset - TrainConfig.onset, readouts(lab)
     for alert, expect in SIGNATURES[incident].items():
         if expect.fires is not None:
             lo, hi = expect.fires
-            assert lo + shift <= got.get(alert, -1) <= hi + shift, (alert, got, onset)
+            assert lo + shift <= got.get(alert, -1) <= hi + shift + 1, (alert, got, onset)
         elif expect.after is None:
             assert alert not in got, (alert, got, onset)
 
