@@ -375,8 +375,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def serve_main(argv: list[str] | None = None) -> int:
-    """``runwatch pager-serve --host 127.0.0.1 --port 9095 --log PATH``: run the webhook receiver until interrupted."""
+def _read_token(prog: str, path: Path) -> str:
+    """--token-file's token; "" (said on stderr in one line) if the file holds none."""
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"{prog}: --token-file: cannot read {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return ""
+    if not TOKEN.fullmatch(token):
+        print(f"{prog}: --token-file: {path} does not hold a token (16 or more of A-Z a-z 0-9 - _)", file=sys.stderr)
+        return ""
+    return token
+
+
+def _serve_parser() -> Parser:
     parser = Parser(prog="runwatch pager-serve", description="Receive Alertmanager webhooks into the page log.")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=9095, help="port to listen on (default 9095)")
@@ -400,24 +412,21 @@ def serve_main(argv: list[str] | None = None) -> int:
         "--watchdog-timeout", type=_seconds, default=WATCHDOG_TIMEOUT_S, metavar="SECONDS",
         help=f"page {WATCHDOG_SILENT} when the Watchdog heartbeat stops this long (default {WATCHDOG_TIMEOUT_S:g})",
     )  # fmt: skip
+    return parser
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """``runwatch pager-serve --host 127.0.0.1 --port 9095 --log PATH``: run the webhook receiver until interrupted."""
+    parser = _serve_parser()
     args = parser.parse_or_status(argv)
     if isinstance(args, int):
         return args
     if not args.runbooks.is_dir():
         print(f"{parser.prog}: --runbooks: {args.runbooks} is not a directory", file=sys.stderr)
         return 2
-    token = None
-    if args.token_file is not None:
-        try:
-            token = args.token_file.read_text().strip()
-        except (OSError, UnicodeDecodeError) as e:
-            print(f"{parser.prog}: --token-file: cannot read {args.token_file}: {getattr(e, 'strerror', None) or e}",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-        if not TOKEN.fullmatch(token):
-            shape = "16 or more of A-Z a-z 0-9 - _"
-            print(f"{parser.prog}: --token-file: {args.token_file} does not hold a token ({shape})", file=sys.stderr)
-            return 2
+    token = None if args.token_file is None else _read_token(parser.prog, args.token_file)
+    if token == "":
+        return 2
     # As PID 1 in a container, SIGTERM without a handler is ignored and `docker compose stop`
     # waits 10 s to SIGKILL: stop as Ctrl-C does, closing the server. Installed before the port
     # is bound, so a SIGTERM that comes as soon as the port answers is handled too.
