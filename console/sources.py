@@ -45,7 +45,8 @@ RANK_FIELDS = {
 JOB_FIELDS = ("restarts", "lost", "ettr")
 RANKS_WINDOW_S = 60  # a rank last scraped longer ago than this is not shown
 # A run whose step was last scraped longer ago than this (five 1 s scrape intervals, as
-# TrainerDown counts a target) has stopped: stopped with Ctrl-C it records no end time.
+# TrainerDown counts a target) has stopped: stopped with Ctrl-C it records no end time. Natively,
+# not while its run.json was written as recently (its trainer does so at every step).
 LIVE_WITHIN_S = 5
 
 
@@ -136,7 +137,10 @@ class Sources:
         elif record is not None and record.get("paused_since"):  # the trainer's own word: it holds
             paused, stopped = True, False
         else:  # it ended, or Prometheus has lost it (a trainer killed -9 leaves run.json "running")
-            lost = away is None or away > LIVE_WITHIN_S
+            # A live trainer rewrites run.json at every step: natively, its own fresh word that it
+            # runs outweighs a few late scrapes (a starved host, a scrape that timed out).
+            fresh = record is not None and record.get("status") == "running" and self._written_within(run_id)
+            lost = (away is None or away > LIVE_WITHIN_S) and not fresh
             paused, stopped = False, lost or (record is not None and record.get("status") != "running")
         return {
             "started": started, "ended": ended, "drill": incident == "hidden", "incident": incident,
@@ -155,6 +159,13 @@ class Sources:
         except (OSError, ValueError):
             return None
         return record if isinstance(record, dict) else None
+
+    def _written_within(self, run_id: str, seconds: float = LIVE_WITHIN_S) -> bool:
+        """Whether the run's run.json was last written within `seconds` (it is, at every step)."""
+        try:
+            return time.time() - (self.state_dir / "runs" / run_id / "run.json").stat().st_mtime <= seconds
+        except (OSError, TypeError):
+            return False
 
     # --- the cluster: each rank now ---
 
