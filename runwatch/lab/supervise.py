@@ -184,11 +184,14 @@ class Lab:
         if not isinstance(config, dict):
             raise UsageError(f"{source}: not an Alertmanager configuration (a mapping); see `runwatch check`")
         pager = self.url("pager") + "/"
-        for receiver in config.get("receivers") or []:
-            for hook in receiver.get("webhook_configs") or []:
+        receivers = config.get("receivers") if isinstance(config.get("receivers"), list) else []
+        for receiver in (r for r in receivers if isinstance(r, dict)):  # amtool names what else is wrong
+            hooks = receiver.get("webhook_configs") if isinstance(receiver.get("webhook_configs"), list) else []
+            for hook in (h for h in hooks if isinstance(h, dict)):
                 if str(hook.get("url", "")).startswith(pager):
                     auth = {"type": "Bearer", "credentials_file": str(self.pager_token)}
-                    hook["http_config"] = {**(hook.get("http_config") or {}), "authorization": auth}
+                    given = hook.get("http_config") if isinstance(hook.get("http_config"), dict) else {}
+                    hook["http_config"] = {**given, "authorization": auth}
         header = (f"# {source}, as `runwatch up` serves it: compose's service names on loopback, and the\n"
                   f"# lab's token on each webhook to the pager. Edit {source.name} there, not here.\n")  # fmt: skip
         write_atomic(self.alertmanager_yml, header + yaml.safe_dump(config, sort_keys=False, width=120))
