@@ -213,6 +213,7 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert not list(tmp_path.glob("postmortem-*"))  # not in the directory it was run from (a checkout)
 
 
+@pytest.mark.slow  # a drill of its own in the browser (the hidden corrupt shard's stays in make test)
 def test_a_healthy_drill_diagnosed_in_the_console_is_graded_and_written_up(tmp_path, state, tab):
     """The whole drill in the browser: the console `runwatch drill` serves offers the diagnosis
     once, shows the grade, then writes the postmortem and shows it with its plate."""

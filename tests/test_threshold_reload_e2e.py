@@ -35,6 +35,7 @@ def ratios(points: list[tuple[int, float]], base: dict[int, float]) -> list[floa
     return [v / base[s] for s, v in points if s in base]
 
 
+@pytest.mark.slow  # a lab of its own for most of a minute: make test keeps within its 5 minutes
 def test_an_edited_and_reloaded_threshold_moves_the_console_dashboard_and_plate_lines(lab_factory):
     lab = lab_factory("--fast-forward", "100").wait()
     root, state, run_id = lab.cwd, lab.state, lab.run_id
