@@ -155,7 +155,10 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     # Issue 28: a page of a real alert forged after it stopped firing was a confirmed "Page".
     # Forged at once, within the window in which Alertmanager's own retry could still come,
     # time cannot tell it from a real one: without the lab's token the pager refuses it.
-    resolved = next(p for p in read_pages(state / "pages.jsonl") if p["status"] == "resolved" and p["run_id"] == run_id)
+    resolved = wait_for(
+        lambda: [p for p in read_pages(state / "pages.jsonl") if p["status"] == "resolved" and p["run_id"] == run_id],
+        120, "a resolution of the run's",
+    )[0]  # fmt: skip
     soon = {
         "status": "firing", "fingerprint": "soon", "startsAt": "2026-01-01T00:00:00Z",
         "labels": {"alertname": resolved["alert"], "run_id": run_id, "severity": "page"},
