@@ -59,22 +59,20 @@ def _run(run_id: str, index: int, into: dict[str, list[float]]) -> None:
     records = simulate(TrainConfig(seed=SEED + index, run_id=run_id)).records[FIRST : FIRST + SECONDS]
     seconds = compute_seconds(cfg)
     trainer = TrainerMetrics(run_id, cfg.seed, cfg.incident, clock=lambda: UNIX_TIME * 2)
-    ranks = []
-    for r in range(RANKS):
-        node = f"node{index * RANKS + r}"
-        ranks.append((RankMetrics(run_id, r, node, str(gpu_index(cfg, r)), gpu_uuid(cfg, r)), node))
+    ranks = [RankMetrics(run_id, r, f"node{index * RANKS + r}", str(gpu_index(cfg, r)), gpu_uuid(cfg, r))
+             for r in range(RANKS)]  # fmt: skip
     launcher = LauncherMetrics(run_id, ettr=lambda: 0.97)
     for at, rec in enumerate(records):
         trainer.observe(rec, rec.tokens / rec.duration_seconds, wall_seconds=rec.duration_seconds)
-        for r, (metrics, _) in enumerate(ranks):
+        for r, metrics in enumerate(ranks):
             compute = float(seconds[r, rec.step])
             metrics.observe(rec.step, compute, wait=0.01, step_seconds=compute + 0.01)
             gpu = gpu_state(cfg, r, rec.step)
             metrics.observe_gpu(gpu.temp_c, gpu.sm_clock_mhz, gpu.power_w, gpu.fb_used_mib, gpu.xid)
         port = 8000 + 10 * index
         targets = [(trainer.registry, {"job": "trainer", "instance": f"127.0.0.1:{port}"})]
-        targets += [(m.registry, {"job": "ranks", "instance": f"127.0.0.1:{port + 1 + r}"}) for r, (m, _) in
-                    enumerate(ranks)]  # fmt: skip
+        targets += [(m.registry, {"job": "ranks", "instance": f"127.0.0.1:{port + 1 + r}"})
+                    for r, m in enumerate(ranks)]  # fmt: skip
         targets += [(launcher.registry, {"job": "launcher", "instance": f"127.0.0.1:{port + 9}"})]
         for registry, labels in targets:
             _scrape(registry, labels, at, into)
