@@ -15,7 +15,9 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import psutil
 import requests
 
 from runwatch.core.names import BASELINES_READY, LOOPBACK, SCRAPE_INTERVAL_S
@@ -37,24 +39,60 @@ def prometheus_argv(binary: str, config: Path, tsdb: Path, port: int, *flags: st
     return [binary, f"--config.file={config}", f"--storage.tsdb.path={tsdb}", listen, *flags]
 
 
+# Ports free_port picked, each held by a socket of this process until its server is seen to
+# listen on it (wait_ready) or this process ends. Bound with no SO_REUSEADDR, then given it: the
+# kernel hands a held port to no other bind(0) and to no outgoing connection's local end, and
+# refuses it to another picker's strict bind, while a server that binds with SO_REUSEADDR (all
+# of the lab's do: Go's, http.server's, uvicorn's socket) may take it. Picking without holding
+# lost a lab's console in CI: another worker's server took its port before it bound, answered
+# its readiness probe, and the console exited "already in use" with the lab reported up.
+_HELD: dict[int, socket.socket] = {}
+
+
+def _hold(port: int) -> int | None:
+    """Hold port (0: one the kernel picks) if no socket at all is bound to it; its number, else None."""
+    s = socket.socket()
+    try:
+        s.bind((LOOPBACK, port))
+    except OSError:
+        s.close()
+        return None
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # after the bind: the server's may share it
+    port = s.getsockname()[1]
+    _HELD[port] = s
+    return port
+
+
+def release(port: int) -> None:
+    """Stop holding a port free_port picked (once its server listens on it)."""
+    held = _HELD.pop(port, None)
+    if held is not None:
+        held.close()
+
+
 def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+    """A loopback port that nothing is bound to, held (_HELD) until its server listens on it."""
+    port = _hold(0)
+    assert port is not None  # the kernel's own pick
+    return port
 
 
 def free_ports_in_a_row(n: int) -> int:
-    """The first of n loopback ports in a row that were free a moment ago (a cluster's ranks)."""
+    """The first of n loopback ports in a row that nothing is bound to, each held as free_port's."""
     while True:
         first = free_port()
-        if first + n <= 65536 and all(port_is_free(first + i) for i in range(1, n)):
+        rest = [_hold(first + i) if first + i < 65536 else None for i in range(1, n)]
+        if None not in rest:
             return first
+        for port in [first, *rest]:
+            if port is not None:
+                release(port)
 
 
 def port_is_free(port: int) -> bool:
-    """Nothing listens on 127.0.0.1:port. Connections still in TIME_WAIT do not count: the
-    servers we start bind with SO_REUSEADDR, and so does this check."""
+    """Nothing listens on 127.0.0.1:port. Connections still in TIME_WAIT do not count, nor does
+    a port this process or another holds for its server (_HELD): the servers we start bind with
+    SO_REUSEADDR, and so does this check."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -64,17 +102,39 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process pid, or a process it started, listens on TCP port (any address)."""
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for proc in family:
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in proc.net_connections("tcp")):
+                return True
+        except psutil.Error:  # it ended meanwhile
+            continue
+    return False
+
+
 def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None) -> bool:
-    """Poll url until it answers 200; False on timeout or if proc exits first."""
+    """Poll url until it answers 200 (from proc or a process it started, when given); False on
+    timeout or if proc exits first. Another server that took proc's port answers too: that is
+    not proc ready, and proc exits when it cannot bind."""
+    port = urlsplit(url).port
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             return False
         try:
-            if requests.get(url, timeout=1).status_code == 200:
-                return True
+            answered = requests.get(url, timeout=1).status_code == 200
         except requests.RequestException:
-            pass
+            answered = False
+        if answered and (proc is None or port is None or listens(proc.pid, port)):
+            if port is not None:
+                release(port)
+            return True
         time.sleep(0.05)
     return False
 
