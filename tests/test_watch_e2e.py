@@ -124,7 +124,7 @@ def paused_before_the_onset(lab_factory, incident: str) -> None:
     holds(lambda: len(pages(lab, lab.run_id, alert)) == 1, group_interval_s(lab), "a second page")
 
 
-@pytest.mark.slow  # 90 s of lab time: make test keeps within its 5 minutes (an AM restart and a lost target stay)
+@pytest.mark.slow  # 90 s of lab time: make test keeps within its 5 minutes (a lost target stays)
 def test_prometheus_stopped_before_an_lr_spike_s_onset_still_pages_at_its_readout(lab_factory):
     paused_before_the_onset(lab_factory, "lr_spike")
 
@@ -135,6 +135,7 @@ def test_prometheus_stopped_before_the_onset_moves_no_readout(lab_factory, incid
     paused_before_the_onset(lab_factory, incident)
 
 
+@pytest.mark.slow  # a lab of its own for 47 s (compose's tier restarts its Alertmanager five times)
 def test_alertmanager_restarted_right_after_up_pages_the_incident_once_at_its_readout(lab_factory):
     lab = lab_factory("--incident", "lr_spike", "--fast-forward", str(NEAR_ONSET)).wait()
     am = lab.records()["alertmanager"]
