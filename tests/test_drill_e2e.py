@@ -74,6 +74,7 @@ def forge_a_page(state, run_id: str) -> None:
     assert resp.status_code == 200
 
 
+@pytest.mark.slow  # a drill of its own for 80 s: make test keeps within its 5 minutes
 def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     run_id = drill(tmp_path, state, 516)
     am = lab_url(state, "alertmanager")
@@ -216,7 +217,7 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert not list(tmp_path.glob("postmortem-*"))  # not in the directory it was run from (a checkout)
 
 
-@pytest.mark.slow  # a drill of its own in the browser (the hidden corrupt shard's stays in make test)
+@pytest.mark.slow  # a drill of its own in the browser
 def test_a_healthy_drill_diagnosed_in_the_console_is_graded_and_written_up(tmp_path, state, tab):
     """The whole drill in the browser: the console `runwatch drill` serves offers the diagnosis
     once, shows the grade, then writes the postmortem and shows it with its plate."""
