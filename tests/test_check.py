@@ -91,7 +91,8 @@ def test_a_failing_unit_test_comes_first_as_its_file_alert_time_and_exact_differ
 
 
 def test_broken_alertmanager_config_is_amtools_message(copy):
-    for unit_tests in (copy / "prometheus" / "tests").glob("*.test.yml"):  # not this test's subject: a second's
+    # amtool's message is this case's subject, not promtool's tests: one small file of them, not ten seconds
+    for unit_tests in (copy / "prometheus" / "tests").glob("*.test.yml"):
         if unit_tests.name != "baselines.test.yml":
             unit_tests.unlink()
     am = copy / "alertmanager" / "alertmanager.yml"
