@@ -242,6 +242,7 @@ def readouts(path: Path) -> list:
     return json.loads(path.read_text())["runs"]
 
 
+@pytest.mark.slow  # three backtests and a rebuilt cache, 40 s: make test keeps within its 5 minutes
 @pytest.mark.integration
 def test_a_rule_edit_reads_the_cached_runs_and_a_damaged_cache_is_rebuilt(tmp_path):
     cache = tmp_path / "cache"
@@ -386,6 +387,7 @@ def test_a_lab_s_order_moves_only_the_alerts_that_read_recordings_alone():
     assert lagged.runs[0]["first_fire"]["GradientNormJump"] == fresh.runs[0]["first_fire"]["GradientNormJump"] == 300
 
 
+@pytest.mark.slow  # four MPI ranks and a Prometheus of their own, 18 s of both cores
 @pytest.mark.integration
 def test_a_backtest_over_four_ranks_names_the_straggler(tmp_path):
     """The cluster's readouts: over 4 ranks a straggler pages StragglerRank naming its rank and

@@ -234,6 +234,7 @@ def test_ctrl_c_stops_every_rank_and_leaves_none_behind(tmp_path):
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
 
 
+@pytest.mark.slow  # live ranks, Prometheus, Alertmanager and a pager of their own, 30 s
 @pytest.mark.integration
 def test_a_live_straggler_pages_naming_its_rank_and_its_gpu(tmp_path):
     """Four live ranks, a straggler from step 5, scraped each second by a real Prometheus with
