@@ -17,7 +17,8 @@ pages in the pager's volume and on Prometheus's API:
 6. Prometheus paused for 35 s shortly before an lr spike's onset: the trainer holds while it is
    away, and the spike pages at its readout, counted from the onset the trainer took (run.json).
 7. Alertmanager restarted 8 s after each of 5 runs starts: in every one the lr spike pages its
-   loss alert at its readout, and each firing episode exactly once.
+   loss alert at its readout, and each firing episode once (one that fires again within a
+   group interval of its resolution may share its page).
 8. `stop`: every process ends on SIGTERM, none is killed after the grace period.
 9. A trainer that fails at start: Prometheus and Alertmanager run, TrainerDown pages.
 10. RUNWATCH_RANKS=2: two ranks under mpiexec in the trainer's container, each scraped with its
@@ -374,11 +375,12 @@ def test_alertmanager_restarted_after_up_pages_the_loss_once_at_its_readout_5_of
 
 
 def test_stop_ends_every_process_on_sigterm(stack):
-    t0 = time.monotonic()
     stack.compose("stop", "trainer", "pager", "alertmanager", "prometheus")
-    assert time.monotonic() - t0 < 10  # compose's grace period: nobody waited for a SIGKILL
+    # Each exit status says how it ended: 137 would be the SIGKILL after compose's grace period.
+    # (The stop's wall time is no such proof: on a loaded host it passed the 10 s of the grace
+    # period with every service ending on SIGTERM.)
     for service in ("trainer", "pager", "alertmanager", "prometheus"):
-        assert stack.exit_code(service) in (0, 130), service  # 137 would be a SIGKILL
+        assert stack.exit_code(service) in (0, 130), service
 
 
 def test_a_trainer_that_fails_at_start_blocks_nothing_and_pages_trainer_down(stack):
