@@ -27,7 +27,7 @@ from runwatch.core.paths import REPO
 from runwatch.lab.supervise import ALERTMANAGER_FLAGS, loopback
 from runwatch.oncall.pager import rfc3339_ms
 from runwatch.prom.server import Process, free_port
-from runwatch.prom.tools import binary
+from runwatch.prom.tools import alertmanager_launch, binary
 from runwatch.trainer.config import INCIDENTS, TrainConfig
 from runwatch.trainer.offline import simulate, write_openmetrics
 
@@ -112,7 +112,8 @@ def main() -> int:
         pager = Process([sys.executable, "-m", "runwatch", "pager-serve", "--port", str(pager_port),
                          "--log", str(pages_log(tmp, runs, now)), "--runbooks", str(REPO / "runbooks")],
                         f"http://127.0.0.1:{pager_port}/-/ready", tmp / "pager.log")  # fmt: skip
-        am = Process([binary("alertmanager"), f"--config.file={tmp / 'am' / 'alertmanager.yml'}",
+        am_bin = binary("alertmanager")
+        am = Process([*alertmanager_launch(am_bin), am_bin, f"--config.file={tmp / 'am' / 'alertmanager.yml'}",
                       f"--storage.path={tmp / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}", *ALERTMANAGER_FLAGS],
                      f"http://127.0.0.1:{am_port}/-/ready", tmp / "am.log")  # fmt: skip
         with prometheus(tmp) as prom, pager, am:

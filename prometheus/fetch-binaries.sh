@@ -4,6 +4,12 @@
 # amtool), from Debian's unstable suite (sid), into a folder of runwatch's own:
 #
 #   ${RUNWATCH_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/runwatch/bin}/{prometheus,promtool,alertmanager,amtool}
+#   .../share/prometheus/{alertmanager,web}: Debian's /usr/share/prometheus, which its builds read
+#
+# Debian's Alertmanager reads its notification template from a path compiled into it,
+# /usr/share/prometheus/alertmanager/default.tmpl; the lab gives it this folder's copy there in a
+# mount namespace of its own (runwatch/prom/tools.py, alertmanager_launch), so nothing is written
+# under /usr and a Debian prometheus-alertmanager package, installed or not, is never touched.
 #
 # Nothing is installed over the machine's own packages: apt reads a sources list, package lists
 # and a cache of this script's own (APT_CONFIG; /etc/apt is left untouched), `apt-get download`
@@ -28,6 +34,7 @@ version_of() { # the version a binary reports: "prometheus, version 3.5.3+ds1 (.
 have() {
   [ "${1:-}" != --force ] || return 1
   for b in prometheus promtool alertmanager amtool; do [ -x "$DEST/$b" ] || return 1; done
+  [ -r "$DEST/share/prometheus/alertmanager/default.tmpl" ] || return 1 # a folder from before it was kept
   case $(version_of "$DEST/prometheus") in "$PROMETHEUS_LINE".*) ;; *) return 1 ;; esac
   case $(version_of "$DEST/alertmanager") in "$ALERTMANAGER_LINE".*) ;; *) return 1 ;; esac
 }
@@ -82,11 +89,13 @@ mkdir -p "$(dirname "$DEST")"
 new=$(mktemp -d "$DEST.new.XXXXXX")
 cp "$work/root/usr/bin/prometheus" "$work/root/usr/bin/promtool" "$work/root/usr/bin/amtool" "$new/"
 cp "$work/root/usr/bin/prometheus-alertmanager" "$new/alertmanager" # upstream's name
-# Debian's web assets (no UI in its 3.x build: the page that says so) and Alertmanager's templates,
-# for the look-alike images that compose/podman/build-images.sh builds from these binaries.
+# Debian's /usr/share/prometheus as its package lays it out: Alertmanager's templates (which the
+# native lab's Alertmanager reads, above) and the web assets (no UI in its 3.x build: the page that
+# says so), also for the look-alike images that compose/podman/build-images.sh builds.
 mkdir -p "$new/share"
-cp -r "$work/root/usr/share/prometheus/web" "$new/share/prometheus-web"
-cp -r "$work/root/usr/share/prometheus/alertmanager" "$new/share/alertmanager"
+cp -r "$work/root/usr/share/prometheus" "$new/share/prometheus"
+[ -r "$new/share/prometheus/alertmanager/default.tmpl" ] ||
+  fail "prometheus-alertmanager's package has no usr/share/prometheus/alertmanager/default.tmpl: its layout changed"
 chmod 0755 "$new"
 { for b in prometheus promtool alertmanager amtool; do echo "$b $(version_of "$new/$b")"; done
   echo "from $archive sid on $(date -u +%Y-%m-%d)"; } >"$new/VERSIONS"

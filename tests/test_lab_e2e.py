@@ -158,7 +158,7 @@ def test_killed_trainer_pages_trainer_down_within_15s(lab):
 def restart(lab: Lab, name: str) -> None:
     record = lab.records()[name]
     lab.stop(name)
-    lab.start(Component(name, record["argv"], record["ready_url"], record["url"]))
+    lab.start(Component.from_record(name, record))
 
 
 def test_a_cluster_run_joins_the_lab_each_rank_a_target_of_its_own(lab):
@@ -213,7 +213,7 @@ def test_alertmanager_restart_during_an_incident_still_pages_once(lab_factory):
     failed = metric(prom, "prometheus_notifications_errors_total")
     # Prometheus has tried to send it while Alertmanager is away: its own count of failed sends
     wait_for(lambda: metric(prom, "prometheus_notifications_errors_total") > failed, 30, "a failed send")
-    lab.start(Component("alertmanager", am["argv"], am["ready_url"], am["url"]))
+    lab.start(Component.from_record("alertmanager", am))
     wait_for(lambda: pages(lab, lab.run_id, "TrainingLossJump"), 30, "the page after the restart")
     holds(lambda: len(pages(lab, lab.run_id, "TrainingLossJump")) == 1, group_interval_s(lab), "a second page")
 
@@ -230,7 +230,7 @@ def test_pager_down_then_back_gets_the_page_once(lab_factory):
     wait_for(lambda: metric(am, "alertmanager_notifications_failed_total", integration="webhook") > failed, 30,
              "a failed delivery")  # fmt: skip
     assert not pages(lab, lab.run_id)
-    lab.start(Component("pager", record["argv"], record["ready_url"], record["url"]))
+    lab.start(Component.from_record("pager", record))
     wait_for(lambda: pages(lab, lab.run_id, "GradientNormJump"), 40, "Alertmanager's retry to deliver")
     holds(lambda: len(pages(lab, lab.run_id, "GradientNormJump")) == 1, group_interval_s(lab), "a second page")
 

@@ -140,7 +140,7 @@ def test_alertmanager_restarted_right_after_up_pages_the_incident_once_at_its_re
     lab = lab_factory("--incident", "lr_spike", "--fast-forward", str(NEAR_ONSET)).wait()
     am = lab.records()["alertmanager"]
     lab.stop("alertmanager")
-    lab.start(Component("alertmanager", am["argv"], am["ready_url"], am["url"]))
+    lab.start(Component.from_record("alertmanager", am))
     alert = first_alert("lr_spike")
     bound = TrainConfig.onset - NEAR_ONSET + refill_s(lab) + page_bound_s(lab, alert, "lr_spike")
     page = wait_for(lambda: pages(lab, lab.run_id, alert), bound, f"a {alert} page")[0]

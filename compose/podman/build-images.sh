@@ -79,7 +79,7 @@ else
   mkdir -p "$ctx/rootfs/etc/prometheus" "$ctx/rootfs/usr/share/prometheus"
   printf 'global:\n  scrape_interval: 15s\n' >"$ctx/rootfs/etc/prometheus/prometheus.yml"
   # Debian's 3.x build reads its (UI-less) web assets from here: the page that says it has no UI.
-  cp -r "$BIN/share/prometheus-web" "$ctx/rootfs/usr/share/prometheus/web"
+  cp -r "$BIN/share/prometheus/web" "$ctx/rootfs/usr/share/prometheus/web"
   build_scratch "$PROMETHEUS_IMAGE" "$ctx" prometheus 9090 \
     '["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]'
 fi
@@ -92,7 +92,7 @@ else
   cp "$BIN/amtool" "$ctx/rootfs/bin/amtool"
   # Debian's build reads its notification templates from here.
   mkdir -p "$ctx/rootfs/usr/share/prometheus" "$ctx/rootfs/etc/alertmanager"
-  cp -r "$BIN/share/alertmanager" "$ctx/rootfs/usr/share/prometheus/"
+  cp -r "$BIN/share/prometheus/alertmanager" "$ctx/rootfs/usr/share/prometheus/"
   build_scratch "$ALERTMANAGER_IMAGE" "$ctx" alertmanager 9093 \
     '["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager"]'
 fi

@@ -45,7 +45,7 @@ from runwatch.core.names import LOOPBACK, PORTS
 from runwatch.core.paths import Layout
 from runwatch.drill.answer import answer_path, seal_answer
 from runwatch.prom.server import free_port, free_ports_in_a_row, port_is_free, prometheus_argv, wait_ready
-from runwatch.prom.tools import binary
+from runwatch.prom.tools import alertmanager_launch, binary
 from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, TrainConfig, draw_drill, parse_incident
 
 # Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
@@ -86,9 +86,15 @@ def external(flags: list[str], url: str) -> list[str]:
 @dataclass
 class Component:
     name: str
-    argv: list[str]
+    argv: list[str]  # the process's own command line, by which `down` knows it (Lab.process)
     ready_url: str
     url: str
+    launch: list[str] = dataclasses.field(default_factory=list)  # execs argv (Alertmanager's namespace)
+
+    @classmethod
+    def from_record(cls, name: str, record: dict) -> Component:
+        """The component a PID file recorded, to start again as it was."""
+        return cls(name, record["argv"], record["ready_url"], record["url"], record.get("launch", []))
 
 
 class Lab:
@@ -290,7 +296,9 @@ class Lab:
         argv += [f"--web.listen-address={self.address('alertmanager')}"]
         argv += external(ALERTMANAGER_FLAGS, self.url("alertmanager"))
         # its API: Debian's Alertmanager has no web UI, and its root page says only that
-        return self._serving("alertmanager", argv, "/api/v2/alerts")
+        comp = self._serving("alertmanager", argv, "/api/v2/alerts")
+        comp.launch = alertmanager_launch(argv[0])  # its template where Debian's build looks
+        return comp
 
     def _console(self) -> Component:
         argv = [*PY, "console", "--port", str(self.ports["console"]), "--state-dir", str(self.state)]
@@ -311,8 +319,8 @@ class Lab:
             # A session of its own: Ctrl-C in the terminal reaches `up`, which stops them in order.
             tag = secrets.token_hex(8)  # inherited by all it starts: `stop` finds them by it (_job)
             proc = subprocess.Popen(
-                comp.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, JOB_TAG: tag},
+                [*comp.launch, *comp.argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, env={**os.environ, JOB_TAG: tag},
             )  # fmt: skip
             # The start time with the PID: a PID the kernel reuses for another process is not ours.
             started = psutil.Process(proc.pid).create_time()
@@ -320,6 +328,7 @@ class Lab:
                 "pid": proc.pid,
                 "create_time": started,
                 "argv": comp.argv,
+                "launch": comp.launch,
                 "ready_url": comp.ready_url,
                 "url": comp.url,
                 "tag": tag,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -73,6 +74,54 @@ def binary(name: str) -> str:
                 f"{path} is {name} {found}; the lab's rules need {name} {MINIMUM_MAJOR[name]} or later: {INSTALL_HINT}"
             )
     return path
+
+
+# Debian's Alertmanager reads its default notification template from this path, compiled into the
+# binary (`strings` shows it), and fails to start without it. `make binaries` keeps Debian's
+# /usr/share/prometheus beside the binaries (FETCHED/share/prometheus); the lab's Alertmanager sees
+# it at the compiled-in path through an overlay in a mount namespace of its own, so nothing is
+# written under /usr, and a Debian prometheus-alertmanager installed or not is neither touched nor
+# read. (Upstream's builds embed the template: one found on PATH runs as it is.)
+DEBIAN_TEMPLATE = Path("/usr/share/prometheus/alertmanager/default.tmpl")
+SHARE = FETCHED / "share"
+
+
+def alertmanager_launch(path: str) -> list[str]:
+    """What runs before Alertmanager's own argv (`[*launch, path, *flags]`): for the fetched Debian
+    build, `unshare` into a private mount namespace (as a user, also a user namespace) whose
+    /usr/share has the fetched share folder laid over it; `exec` keeps the PID and makes the
+    process's command line Alertmanager's own. A UsageError when neither that nor the file at
+    DEBIAN_TEMPLATE is available."""
+    if Path(path).parent != FETCHED:
+        return []
+    share = (SHARE / "prometheus" / "alertmanager" / "default.tmpl").is_file()
+    if share and (launch := _overlay_launch()):
+        return launch
+    if DEBIAN_TEMPLATE.is_file():  # a namespace cannot be had; the machine's own copy is there
+        return []
+    where = f"{SHARE}/prometheus/alertmanager/default.tmpl" if share else f"{SHARE} (none: {INSTALL_HINT})"
+    raise UsageError(
+        f"alertmanager (Debian's build) reads its template from {DEBIAN_TEMPLATE}, which is missing, and this "
+        f"machine gives it no mount namespace to see {where} there (`unshare --mount` failed); as root: "
+        f"install -D {SHARE}/prometheus/alertmanager/default.tmpl {DEBIAN_TEMPLATE}"
+    )
+
+
+@functools.cache
+def _overlay_launch() -> list[str] | None:
+    """`unshare ... sh -c 'mount ... && exec "$@"' alertmanager`, if it works here (tried once):
+    root makes a mount namespace; another user needs unprivileged user namespaces too."""
+    unshare, sh = shutil.which("unshare"), shutil.which("sh")
+    if not unshare or not sh or any(c in str(SHARE) for c in ":,\\"):  # overlay's option separators
+        return None
+    mount = f"mount -t overlay runwatch-share -o {shlex.quote(f'lowerdir={SHARE}:/usr/share')} /usr/share"
+    user = [] if os.geteuid() == 0 else ["--map-root-user"]
+    launch = [unshare, *user, "--mount", "--propagation", "private", "--", sh, "-c", f'{mount} && exec "$@"']
+    try:
+        probe = subprocess.run([*launch, "probe", "test", "-r", str(DEBIAN_TEMPLATE)], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [*launch, "alertmanager"] if probe.returncode == 0 else None
 
 
 # A check by promtool or amtool that runs past this is hung, not slow: `promtool test rules` of
