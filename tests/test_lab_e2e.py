@@ -284,12 +284,18 @@ def rule_names(prometheus: str) -> set[str]:
 def test_reload_refuses_a_rule_that_never_finishes_evaluating_and_restores_the_old(lab_factory):
     """Issue 28, item 7: `count_over_time(up[7d:1ms])` passed every static check, and reload said
     "reloaded" while Prometheus ran at 187% CPU and 1 GB and the other groups missed iterations.
-    Its first evaluations do not complete within its interval: refused, the old rules back."""
+    A group whose evaluation takes longer than its interval: refused, the old rules back.
+
+    The rule is slow whatever the lab holds and however fast the machine: 604,800 outer steps of
+    1,000 inner ones each, over `vector(1)`, which has a sample at every step (`up[7d:1ms]` is
+    quick while the lab has a minute of data). 3.6 million such steps took 0.5 s here, so this
+    one would take about 85 s and is ended at the query timeout (20 s): only a machine 85 times
+    faster would fit it into the group's 1 s interval."""
     lab = lab_factory().wait()
     prom = lab.url("prometheus")
     (lab.layout.rules_dir / "slow.yml").write_text(
-        "groups:\n  - name: slow\n    interval: 1s\n    rules:\n"
-        "      - record: job:up:count_over_time7d\n        expr: count_over_time(up[7d:1ms])\n"
+        "groups:\n  - name: slow\n    interval: 1s\n    rules:\n      - record: slow:steps:count\n"
+        "        expr: count_over_time(count_over_time(vector(1)[1s:1ms])[7d:1s])\n"
     )
     res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd, timeout=300)
     assert res.returncode == 1 and "refused, the new rules do not evaluate" in res.stdout, res.stdout

@@ -28,7 +28,7 @@ import requests
 from runwatch.core.addresses import DEFAULT_PORTS
 from runwatch.core.command import Command, add_state_dir, number, read_json
 from runwatch.core.paths import Layout
-from runwatch.lab.supervise import Lab, add_ports, up
+from runwatch.lab.supervise import QUERY_TIMEOUT_S, Lab, add_ports, up
 from runwatch.lab.watched import check_watch, watch_targets
 from runwatch.prom.checks import evaluation_problems, run_all
 from runwatch.prom.server import PromQLError, instant, quoted
@@ -117,7 +117,7 @@ def reload(args: argparse.Namespace) -> int:
                 lab.restore_rules()
             return 1
         print(f"reloaded {name}")
-    problems = evaluation_problems(lab.url("prometheus"), since)
+    problems = evaluation_problems(lab.url("prometheus"), since, QUERY_TIMEOUT_S)
     if not problems:
         return 0
     print("runwatch reload: refused, the new rules do not evaluate as they should:")
@@ -130,7 +130,9 @@ def reload(args: argparse.Namespace) -> int:
     return 1
 
 
-RESTORE_TIMEOUT_S = 40  # the lab Prometheus's --query.timeout (20s, supervise.PROMETHEUS_FLAGS) and some
+# The old groups end only once an evaluation in flight does, which Prometheus ends at its query
+# timeout; and then the reload itself.
+RESTORE_TIMEOUT_S = 2 * QUERY_TIMEOUT_S
 
 
 def _reload(lab: Lab, name: str, timeout: float = 10) -> bool:

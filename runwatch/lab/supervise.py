@@ -51,14 +51,15 @@ from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, T
 # Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
 # where a learner's browser reaches each server, natively and through compose's published ports,
 # so the links in alerts (generatorURL, Alertmanager's) open in both worlds.
+# A query (a rule's evaluation too) ends after this: the lab's take milliseconds, and `runwatch
+# reload` bounds its wait for the new rules' first evaluations by it (runwatch.prom.checks).
+QUERY_TIMEOUT_S = 20
 PROMETHEUS_FLAGS = [
     "--web.enable-lifecycle",  # `runwatch reload` POSTs /-/reload
     f"--web.external-url=http://{LOOPBACK}:{PORTS['prometheus']}/",
     "--rules.alert.resend-delay=2s",  # an Alertmanager that restarts hears of firing alerts in 2 s, not 1 m
     "--storage.tsdb.retention.time=30d",
-    # A query (a rule's evaluation too) ends after this: the lab's take milliseconds, and a
-    # reload that restores the old rules waits for a runaway rule's evaluation to end (issue 28).
-    "--query.timeout=20s",
+    f"--query.timeout={QUERY_TIMEOUT_S}s",
 ]
 
 
