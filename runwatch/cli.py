@@ -8,9 +8,13 @@ Every usage error is one line naming the flag, with exit status 2, so a learner 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
+import io
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from runwatch.core.command import Command, Parser, UsageError
 
@@ -74,19 +78,56 @@ def one_line(message: object) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Each line as it is printed, also into a pipe (`runwatch up | tee`, a supervisor, a test):
+    # a block-buffered "stop with `runwatch down`" would arrive only when `up` exits.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with interrupts_held() as interrupted:  # while the command's modules import (numpy's 0.4 s)
+        command = _load(argv)
     try:
-        return _main(list(sys.argv[1:] if argv is None else argv))
-    except KeyboardInterrupt:  # while a command's modules import (numpy's 0.4 s), before its own handler
+        if interrupted:
+            raise KeyboardInterrupt
+        return command()
+    except KeyboardInterrupt:  # before the command's own handler, or one it let through
         print("runwatch: interrupted", file=sys.stderr)
         return 130
 
 
-def _main(argv: list[str]) -> int:
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[list[int]]:
+    """Ctrl-C (SIGINT) is noted, not raised, inside: the list it yields is non-empty after one.
+    A KeyboardInterrupt raised inside an import is not reliably one: Python 3.11 wraps one raised
+    in a `__set_name__` (numpy's cached_property) in a RuntimeError, and one that passes through
+    code an extension runs with PyRun_* marks the interpreter to kill itself with SIGINT at exit,
+    whatever main returns (exit status -2 where 130 was printed). An ignored SIGINT (a job
+    started in the background) stays ignored."""
+    noted: list[int] = []
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, lambda signum, _frame: noted.append(signum))
+    except ValueError:  # not the main thread (main() called from a test's thread): nothing to hold
+        yield noted
+        return
+    try:
+        yield noted
+    finally:
+        if previous is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _load(argv: list[str]) -> Callable[[], int]:
+    """The command argv asks for, its modules imported, ready to run."""
     if argv and argv[0] in DELEGATED:
         module, function = DELEGATED[argv[0]]
-        return getattr(importlib.import_module(module), function)(argv[1:])
+        return functools.partial(getattr(importlib.import_module(module), function), argv[1:])
     names = {c[0] for c in COMMANDS}
     parser, handlers = build_parser(argv[0] if argv and argv[0] in names else "")
+    return functools.partial(_run, parser, handlers, argv)
+
+
+def _run(parser: Parser, handlers: dict[str, Command], argv: list[str]) -> int:
     prog = "runwatch" + (f" {argv[0]}" if argv and argv[0] in handlers else "")
     try:
         args = parser.parse_args(argv)

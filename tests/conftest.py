@@ -20,6 +20,11 @@ from runwatch.lab.supervise import Lab
 from runwatch.prom.server import free_port  # noqa: F401 (tests import it from here)
 from runwatch.prom.tools import BINARIES, binary
 
+# Every process the tests start has its output buffered as on a learner's machine: the machines
+# this suite runs on set PYTHONUNBUFFERED=1 everywhere, which hid a `runwatch up` whose last line
+# never reached a pipe (issue 35). (xdist's workers start after this, so they inherit it.)
+os.environ.pop("PYTHONUNBUFFERED", None)
+
 # --- the tiers: every test in exactly one (README, "The tests") ---
 # unit: no child process (in-process servers on port 0 are allowed); integration: real binaries
 # (Prometheus, promtool, runwatch itself) on free ports; e2e: a live lab. compose is its own
