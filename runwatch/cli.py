@@ -98,10 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def interrupts_held() -> Iterator[list[int]]:
     """Ctrl-C (SIGINT) is noted, not raised, inside: the list it yields is non-empty after one.
     A KeyboardInterrupt raised inside an import is not reliably one: Python 3.11 wraps one raised
-    in a `__set_name__` (numpy's cached_property) in a RuntimeError, and one that passes through
-    code an extension runs with PyRun_* marks the interpreter to kill itself with SIGINT at exit,
-    whatever main returns (exit status -2 where 130 was printed). An ignored SIGINT (a job
-    started in the background) stays ignored."""
+    in a `__set_name__` (numpy's cached_property) in a RuntimeError, and here about 1 run in 20
+    ended killed by SIGINT (status -2) although main had caught it, printed its line and returned
+    130. An ignored SIGINT (a job started in the background) stays ignored."""
     noted: list[int] = []
     try:
         previous = signal.getsignal(signal.SIGINT)

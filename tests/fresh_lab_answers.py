@@ -1,0 +1,60 @@
+"""Each component of a running native lab answers, from the PID files `runwatch up` wrote:
+tests/fresh-machine.sh runs it (standard library only, on the host's Python, inside the lab's
+network namespace) once `make lab` has printed its last start-up line.
+
+    python3 tests/fresh_lab_answers.py STATE_DIR     # exit 0, one line per component
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+COMPONENTS = ("trainer", "prometheus", "alertmanager", "pager", "console")
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read().decode()
+
+
+def scrape_interval_s(state: Path) -> float:
+    """The lab Prometheus's global scrape interval, from the configuration it reads."""
+    text = (state / "prometheus" / "prometheus.yml").read_text()
+    m = re.search(r"scrape_interval:\s*(\d+)s", text)
+    return float(m[1]) if m else 60.0
+
+
+def main(state: Path) -> int:
+    records = {p.stem: json.loads(p.read_text()) for p in (state / "pids").glob("*.json")}
+    missing = [c for c in COMPONENTS if c not in records]
+    if missing:
+        print(f"fresh lab: no PID file for {', '.join(missing)} in {state / 'pids'}")
+        return 1
+    for name in COMPONENTS:
+        get(records[name]["ready_url"])  # raises on anything but 2xx
+        print(f"fresh lab: {name} answers at {records[name]['url']}")
+    metrics = get(records["trainer"]["url"])
+    assert "runwatch_train_loss" in metrics, "the trainer's /metrics has no runwatch_train_loss"
+    assert "pager" in get(records["alertmanager"]["url"].replace("/api/v2/alerts", "/api/v2/status"))
+    # Prometheus scrapes the trainer: its target is up within three scrape intervals of the lab's start
+    prom = records["prometheus"]["url"].removesuffix("/api/v1/targets")
+    deadline = time.monotonic() + 3 * scrape_interval_s(state) + 10
+    while True:
+        targets = json.loads(get(f"{prom}/api/v1/targets"))["data"]["activeTargets"]
+        trainer = [t for t in targets if t["scrapeUrl"] == records["trainer"]["url"]]
+        if trainer and trainer[0]["health"] == "up":
+            print(f"fresh lab: Prometheus scrapes the trainer ({len(targets)} targets)")
+            return 0
+        if time.monotonic() > deadline:
+            print(f"fresh lab: Prometheus has not scraped the trainer: {trainer or 'no such target'}")
+            return 1
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))
