@@ -47,8 +47,10 @@ k8s-tools: $(VENV)/.installed
 	@$(PY) charts/fetch-k8s-tools.py
 
 # The console's browser tests drive Debian's chromium (Playwright downloads no browser here).
+# Playwright's own driver is a node binary in its wheel that links libatomic.so.1, which a bare
+# Debian lacks (make test-fresh found it: every browser test failed with "Connection closed").
 browser:
-	$(call apt_install,chromium)
+	$(call apt_install,chromium libatomic1)
 
 # With a Docker engine (DOCKER_HOST or its socket) only the Compose CLI is needed.
 compose-runtime:

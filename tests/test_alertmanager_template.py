@@ -33,10 +33,13 @@ UNSHARE = shutil.which("unshare") or "unshare"
 
 
 def without_debians_share(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    """argv in a mount namespace where /usr/share/prometheus holds nothing; what it starts stays
-    in that namespace after it exits (`up --detach`'s components)."""
-    hide = "mkdir -p /usr/share/prometheus && mount -t tmpfs runwatch-test-empty /usr/share/prometheus"
-    script = f"{hide} && exec {shlex.join(argv)}"
+    """argv in a mount namespace where /usr/share/prometheus holds nothing (an empty tmpfs over
+    it, where it exists: nothing is created under /usr); what it starts stays in that namespace
+    after it exits (`up --detach`'s components)."""
+    hide = (
+        "mount -t tmpfs runwatch-test-empty /usr/share/prometheus && " if Path("/usr/share/prometheus").exists() else ""
+    )
+    script = f"{hide}exec {shlex.join(argv)}"
     return subprocess.run(
         [UNSHARE, "--mount", "--propagation", "private", "--", "sh", "-c", script],
         capture_output=True, text=True, timeout=180, env=env,
