@@ -5,6 +5,7 @@
 #   make test-slow     the slow tier: minutes of lab time a case (CI runs it)
 #   make test-torch    the torch tier: real PyTorch under the lab, and the callbacks (CI runs it)
 #   make test-compose  docker-compose.yml run for real: on Docker if there is one, else on Podman
+#   make test-fresh    README's commands on a bare Debian 12 root (debootstrap): lab, then tests
 #   make test-k8s      the Helm chart's validation alone (tests/test_chart.py; also in make test)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +14,7 @@ PY := $(VENV)/bin/python
 # DNS); debootstrap and busybox-static build the substitute images (compose/podman/README.md).
 PODMAN_APT_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap busybox-static
 
-.PHONY: lab test test-unit test-slow test-torch test-compose test-k8s binaries k8s-tools browser compose-runtime lint bench bench-watch console-vendor console-editor
+.PHONY: lab test test-unit test-slow test-torch test-compose test-fresh test-k8s binaries k8s-tools browser compose-runtime lint bench bench-watch console-vendor console-editor
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -107,6 +108,13 @@ test-compose: $(VENV)/.installed binaries compose-runtime
 
 lab: $(VENV)/.installed binaries
 	$(VENV)/bin/runwatch up
+
+# README's commands on a bare Debian 12 root (debootstrap), as a newcomer's machine runs them:
+# the set-up, make lab until every component answers, then make test (tests/fresh-machine.sh).
+# FRESH_ARGS="--drop lab:binaries" takes an install step out first, to see the tier fail.
+test-fresh:
+	$(call apt_install,debootstrap iptables git)
+	bash tests/fresh-machine.sh $(FRESH_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -105,7 +105,10 @@ mkdir -p "$root"
 tar -C "$root" -xf "$image"
 
 # --- what a fresh machine has of this one's: its certificate bundle, pip and apt settings, hosts ---
+# The bundle where tools read it, and where Debian's ca-certificates keeps a machine's own CAs, so
+# that update-ca-certificates (which installing git or curl runs) keeps them in the bundle it writes.
 install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$root/usr/local/share/ca-certificates/machine-bundle.crt"
 [ -e /etc/pip.conf ] && install -D -m 0644 /etc/pip.conf "$root/etc/pip.conf"
 [ -d /etc/xdg/pip ] && mkdir -p "$root/etc/xdg" && cp -r /etc/xdg/pip "$root/etc/xdg/"
 rm -f "$root/etc/apt/sources.list"
@@ -142,7 +145,10 @@ iptables -A FORWARD -d "$subnet" -j ACCEPT
 in_root() {
   ip netns exec "$ns" unshare --mount --propagation private --fork bash -c '
     root=$1; shift
-    mount -t proc proc "$root/proc" && mount -t sysfs sys "$root/sys" && mount --rbind /dev "$root/dev" &&
+    # the root a mount point of its own, as a machine'"'"'s / is (a mount namespace made in a
+    # chroot whose / is not one cannot set its propagation: Alertmanager'"'"'s launcher makes one)
+    mount --bind "$root" "$root" &&
+      mount -t proc proc "$root/proc" && mount -t sysfs sys "$root/sys" && mount --rbind /dev "$root/dev" &&
       exec chroot "$root" /usr/bin/env -i HOME=/root USER=root LOGNAME=root SHELL=/bin/bash TERM=dumb \
         LANG=C.UTF-8 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         bash -c "cd /root/runwatch && $*"' in-root "$root" "$@"
@@ -174,7 +180,7 @@ until grep -q 'stop with `runwatch down`' "$log"; do  # its last start-up line, 
   sleep 1
 done
 say "make lab: the lab is up after $(elapsed "$t") (set-up included)"
-ip netns exec "$ns" python3 "$REPO/tests/fresh_lab_answers.py" "$root/root/runwatch/.runwatch" ||
+ip netns exec "$ns" python3 "$REPO/tests/fresh_lab_answers.py" "$root/root/runwatch" ||
   { tail -n 15 "$log" >&2; fail "make lab: a component does not answer"; }
 in_root ".venv/bin/runwatch down" >&2 || fail "runwatch down failed"
 wait "$lab_pid" || { tail -n 15 "$log" >&2; fail "make lab exited with status $? after runwatch down"; }

@@ -2,7 +2,7 @@
 tests/fresh-machine.sh runs it (standard library only, on the host's Python, inside the lab's
 network namespace) once `make lab` has printed its last start-up line.
 
-    python3 tests/fresh_lab_answers.py STATE_DIR     # exit 0, one line per component
+    python3 tests/fresh_lab_answers.py CHECKOUT     # its lab's state in CHECKOUT/.runwatch; exit 0 if all answer
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ def get(url: str) -> str:
         return resp.read().decode()
 
 
-def scrape_interval_s(state: Path) -> float:
-    """The lab Prometheus's global scrape interval, from the configuration it reads."""
-    text = (state / "prometheus" / "prometheus.yml").read_text()
+def scrape_interval_s(checkout: Path) -> float:
+    """The lab Prometheus's global scrape interval, from the checkout's configuration (the state
+    directory's copy is a symlink to it, by a path inside the fresh root)."""
+    text = (checkout / "prometheus" / "prometheus.yml").read_text()
     m = re.search(r"scrape_interval:\s*(\d+)s", text)
     return float(m[1]) if m else 60.0
 
 
-def main(state: Path) -> int:
+def main(checkout: Path) -> int:
+    state = checkout / ".runwatch"
     records = {p.stem: json.loads(p.read_text()) for p in (state / "pids").glob("*.json")}
     missing = [c for c in COMPONENTS if c not in records]
     if missing:
@@ -38,20 +40,20 @@ def main(state: Path) -> int:
     for name in COMPONENTS:
         get(records[name]["ready_url"])  # raises on anything but 2xx
         print(f"fresh lab: {name} answers at {records[name]['url']}")
-    metrics = get(records["trainer"]["url"])
-    assert "runwatch_train_loss" in metrics, "the trainer's /metrics has no runwatch_train_loss"
     assert "pager" in get(records["alertmanager"]["url"].replace("/api/v2/alerts", "/api/v2/status"))
-    # Prometheus scrapes the trainer: its target is up within three scrape intervals of the lab's start
+    # The trainer steps once Prometheus scrapes it (--wait-for-prometheus): within three scrape
+    # intervals of the lab's start, its target is up and its loss is on /metrics.
     prom = records["prometheus"]["url"].removesuffix("/api/v1/targets")
-    deadline = time.monotonic() + 3 * scrape_interval_s(state) + 10
+    deadline = time.monotonic() + 3 * scrape_interval_s(checkout) + 10
     while True:
         targets = json.loads(get(f"{prom}/api/v1/targets"))["data"]["activeTargets"]
         trainer = [t for t in targets if t["scrapeUrl"] == records["trainer"]["url"]]
-        if trainer and trainer[0]["health"] == "up":
-            print(f"fresh lab: Prometheus scrapes the trainer ({len(targets)} targets)")
+        stepping = "\nrunwatch_train_loss" in get(records["trainer"]["url"])
+        if trainer and trainer[0]["health"] == "up" and stepping:
+            print(f"fresh lab: Prometheus scrapes the trainer, which trains ({len(targets)} targets)")
             return 0
         if time.monotonic() > deadline:
-            print(f"fresh lab: Prometheus has not scraped the trainer: {trainer or 'no such target'}")
+            print(f"fresh lab: the trainer's target: {trainer or 'none'}; it trains (loss on /metrics): {stepping}")
             return 1
         time.sleep(1)
 
