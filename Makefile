@@ -86,10 +86,13 @@ test-unit: $(VENV)/.installed
 	$(PYTEST) -m "unit and not torch" -n 2
 
 # PyTorch's CPU wheel, pinned and installed first: otherwise pip takes its 5.5 GB CUDA build for
-# whatever depends on torch. Then transformers and Lightning, runwatch.callbacks' extras.
-TORCH_VERSION := 2.13.0
+# whatever depends on torch. Then transformers and Lightning, runwatch.callbacks' extras. The CPU
+# build by its local version, from PyTorch's own CPU index (PyPI's Linux torch is the CUDA build);
+# a machine that keeps the wheel on disk (pip's find-links) takes it from there.
+TORCH_VERSION := 2.13.0+cpu
+TORCH_INDEX := https://download.pytorch.org/whl/cpu
 $(VENV)/.torch: $(VENV)/.installed
-	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q torch==$(TORCH_VERSION) --extra-index-url $(TORCH_INDEX)
 	$(PY) -m pip install -q -e '.[dev,transformers,lightning]'
 	touch $@
 
