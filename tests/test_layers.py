@@ -201,14 +201,15 @@ def test_the_pager_stands_alone():
 
 
 # What the console may use of the house: the command-line conventions, the lab's names and where
-# a lab of a state directory listens, atomic writes (the Rules page writes the learner's rule file), the
+# a lab of a state directory listens, atomic writes (the Rules page writes the learner's rule file),
+# bounded reads (it reads the rules folder and lab.json, which may be hostile), the
 # incidents a diagnosis may name, and the dashboards' queries with the plate that runs them (one
 # copy of the PromQL). Not the lab, the drill or the command line: it acts through `runwatch ack`
 # and `runwatch diagnose`.
 CONSOLE_USES = {
     "runwatch.core.command", "runwatch.core.names", "runwatch.core.paths", "runwatch.core.addresses",
     "runwatch.readouts.dashboard_queries", "runwatch.readouts.picture", "runwatch.prom.server",
-    "runwatch.trainer.config", "runwatch.core.files",
+    "runwatch.trainer.config", "runwatch.core.files", "runwatch.core.bounded",
 }  # fmt: skip
 
 
