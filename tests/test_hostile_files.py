@@ -138,3 +138,15 @@ def test_backtest_and_apply_copy_no_hostile_file(console, action, where, kind):
     assert (root / "prometheus" / "rules" / "alerts.yml").read_text() == (
         REPO / "prometheus" / "rules" / "alerts.yml"
     ).read_text()
+
+
+@pytest.mark.parametrize("damage", ["[" * 100_000, "a FIFO"], ids=["nested", "a FIFO"])
+def test_the_console_over_a_damaged_drill_json_serves_its_page(console, damage):
+    """B9: a nested drill.json made GET / a 500 (RecursionError): the console reads no drill."""
+    base, _, state, _ = console
+    if damage == "a FIFO":
+        hostile(state / "drill.json", damage)
+    else:
+        (state / "drill.json").write_text(damage)
+    resp = requests.get(f"{base}/", timeout=30)
+    assert resp.status_code == 200 and "Traceback" not in resp.text, resp.text[-500:]
