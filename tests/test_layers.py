@@ -256,3 +256,21 @@ def test_no_function_is_longer_than_a_screen():
             if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 60:
                 long.append(f"{path.relative_to(REPO)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert not long, long
+
+
+def test_every_test_security_md_names_exists():
+    """SECURITY.md's tables name the test of each attack: a renamed or deleted test is caught here."""
+    import re
+
+    from runwatch.core.paths import REPO
+
+    named = []
+    for cell in re.findall(r"`tests/[^|]*", (REPO / "SECURITY.md").read_text()):
+        file = None
+        for ref in re.findall(r"`(tests/\w+\.py)?(?:::(\w+))?`", cell):
+            file = ref[0] or file
+            if ref[1]:
+                named.append((file, ref[1]))
+    assert len(named) > 40
+    missing = [f"{f}::{t}" for f, t in named if not re.search(rf"^def {t}\(", (REPO / f).read_text(), re.M)]
+    assert missing == []
