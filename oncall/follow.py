@@ -151,7 +151,7 @@ def rule_text(page: dict[str, Any]) -> str:
 def _page(line: bytes) -> dict[str, Any] | None:
     try:
         page = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested 200k deep: one line skipped, not a traceback (issue 40, P1)
         return None  # a torn line left by a crash; the pager skips it too
     return page if isinstance(page, dict) else None
 

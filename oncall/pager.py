@@ -277,7 +277,8 @@ def page_record(alert: dict[str, Any], received_at: str, rule: dict[str, str] | 
 def _page_key(page: dict[str, Any]) -> tuple[str, str, str]:
     if page.get("kind") == "ack":  # an ack is kept once by the id its sender gave it
         return ("ack", str(page.get("ack_id", "")), "")
-    return (page.get("fingerprint", ""), page.get("starts_at", ""), page.get("status", ""))
+    # str(): a hand-edited line's list or mapping must not stop the pager (unhashable; issue 40, P1)
+    return (str(page.get("fingerprint", "")), str(page.get("starts_at", "")), str(page.get("status", "")))
 
 
 def is_page(entry: dict[str, Any]) -> bool:
@@ -432,7 +433,8 @@ class PageLog:
         data = self.path.read_bytes() if self.path.exists() else b""
         pages = _parse_pages(data, self.path, sys.stderr)
         self.seen = {_page_key(p) for p in pages}
-        self.last_received = pages[-1].get("received_at", "") if pages else ""
+        last = pages[-1].get("received_at", "") if pages else ""
+        self.last_received = last if isinstance(last, str) else ""  # a hand-edited null (issue 40, P1)
         # A torn last line has no newline; the next append must not glue onto it.
         self._needs_newline = bool(data) and not data.endswith(b"\n")
         self.error: str | None = None  # why the last append failed; None once one succeeds

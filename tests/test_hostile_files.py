@@ -150,3 +150,42 @@ def test_the_console_over_a_damaged_drill_json_serves_its_page(console, damage):
         (state / "drill.json").write_text(damage)
     resp = requests.get(f"{base}/", timeout=30)
     assert resp.status_code == 200 and "Traceback" not in resp.text, resp.text[-500:]
+
+
+def a_page(received_at: object = "2026-01-01T00:00:00.000Z", fingerprint: object = "f00d") -> str:
+    from runwatch.oncall.pager import page_record
+
+    alert = {"status": "firing", "labels": {"alertname": "HeldOutGap", "run_id": "r1"}, "annotations": {},
+             "fingerprint": "f00d", "startsAt": "2026-01-01T00:00:00Z"}  # fmt: skip
+    return json.dumps({**page_record(alert, "x"), "received_at": received_at, "fingerprint": fingerprint}) + "\n"
+
+
+def test_runwatch_pager_over_a_deeply_nested_line_shows_the_other_pages(tmp_path):
+    """P1: a line of 200k `[` made `runwatch pager --log F` a RecursionError traceback."""
+    log = tmp_path / "pages.jsonl"
+    log.write_text(a_page() + "[" * 200_000 + "\n")
+    res = runwatch("pager", "--log", str(log), cwd=tmp_path, timeout=60)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "HeldOutGap" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "line", [a_page(received_at=None), a_page(fingerprint=["f00d"]), a_page(fingerprint={"f": 1})],
+    ids=["received_at null", "a list for a fingerprint", "a mapping for a fingerprint"],
+)  # fmt: skip
+def test_pager_serve_starts_over_a_hand_edited_last_page(tmp_path, line):
+    """P1: a last line with `"received_at": null`, or a fingerprint given as a list, kept
+    pager-serve from starting (TypeError). It starts, and the log keeps the line."""
+    log = tmp_path / "pages.jsonl"
+    log.write_text(a_page() + line)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "pager-serve", "--port", str(port), "--log", str(log)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert wait_ready(f"http://127.0.0.1:{port}/-/ready", 30, proc), proc.stderr.read()[-2000:]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert log.read_text() == a_page() + line
