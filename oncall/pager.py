@@ -488,7 +488,13 @@ class PageLog:
                 self._append(b"\n" + data if self._needs_newline else data)
                 self.seen.add(_page_key(record))
                 entries.append(record)
-            return {(i["alert"], i["run_id"]): i for i in incidents(entries)}[key], ""
+            else:  # a retry only if the id acknowledged this very incident (issue 40, N17)
+                kept = [e for e in entries if _page_key(e) == _page_key(record)]
+                if not kept or (kept[0].get("alert"), kept[0].get("run_id")) != key:
+                    was = f"{kept[0].get('alert')} of run {kept[0].get('run_id') or '-'}" if kept else "another ack"
+                    return None, f"ack_id {record['ack_id']} already acknowledged {was}: send a new ack_id"
+            found = {(i["alert"], i["run_id"]): i for i in incidents(entries)}.get(key)
+            return (found, "") if found is not None else (None, f"{record['alert']} has no incident")
 
     def _append(self, data: bytes) -> None:
         """Append data whole and fsynced, or not at all: on a failed write (a full disk) the log
