@@ -115,3 +115,21 @@ def test_the_command_line_still_reaches_both_apis(lab_factory):
                            capture_output=True, text=True, timeout=30)  # fmt: skip
     assert added.returncode == 0, added.stderr
     assert requests.get(f"{lab.url('prometheus')}/api/v1/query", params={"query": "up"}, timeout=5).ok
+
+
+def test_reload_by_signal_puts_an_edited_prometheus_yml_in_force(lab_factory):
+    """The lab serves a rendered prometheus.yml (with the Alertmanager password), no longer a
+    link to the learner's file: `runwatch reload` renders an edit of it again, then SIGHUPs."""
+    from tests.conftest import edit, runwatch
+
+    lab = lab_factory().wait()
+    edit(
+        lab.layout.prometheus_yml,
+        "  evaluation_interval: 1s\n",
+        "  evaluation_interval: 1s\n  external_labels: {lab: edited}\n",
+    )
+    res = runwatch("reload", "--state-dir", str(lab.state), cwd=lab.cwd)
+    assert res.returncode == 0 and "reloaded prometheus" in res.stdout, res.stdout + res.stderr
+    config = requests.get(f"{lab.url('prometheus')}/api/v1/status/config", timeout=5).json()["data"]["yaml"]
+    assert "lab: edited" in config
+    assert "password_file" in config  # still the password on its way to Alertmanager

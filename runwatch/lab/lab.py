@@ -110,6 +110,7 @@ def reload(args: argparse.Namespace) -> int:
             print("\n".join("      " + line for line in lines))
             return 1
     lab.render_alertmanager_config()
+    lab.render_prometheus_config()  # an edit of prometheus.yml: the lab serves a rendered copy
     lab.install_rules()
     since = time.time()
     for name in ("prometheus", "alertmanager"):
