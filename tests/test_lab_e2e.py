@@ -105,6 +105,8 @@ def test_every_link_the_project_writes_or_prints_opens_on_the_native_lab(lab):
     and Alertmanager serve no web UI, so nothing links into one). They name the documented
     ports; this lab serves each component at the port it took instead."""
     moved = {str(port): str(lab.ports[name]) for name, port in DEFAULT_PORTS.items()}
+    # Alertmanager's links open with the lab's password, as a browser asks it of the learner
+    named = {str(lab.ports[name]): name for name in DEFAULT_PORTS}
     wait_for(lambda: pages(lab, lab.run_id), 90, "the incident's first page")
     links = project_links()
     printed = runwatch("status", "--state-dir", str(lab.state), cwd=lab.cwd).stdout
@@ -119,7 +121,8 @@ def test_every_link_the_project_writes_or_prints_opens_on_the_native_lab(lab):
             continue
         here = url.replace(f"127.0.0.1:{port}", f"127.0.0.1:{moved.get(port, port)}", 1)
         try:
-            status = requests.get(here, timeout=10).status_code  # redirects followed, as a browser does
+            auth = lab.auth(named.get(moved.get(port, port), ""))
+            status = requests.get(here, timeout=10, auth=auth).status_code  # redirects followed, as a browser does
         except requests.RequestException as err:
             status = type(err).__name__
         if status != 200:
