@@ -107,19 +107,27 @@ def load_yaml(path: Path, what: str, cap: int = MAX_RULE_FILE_BYTES) -> object:
     return parse_yaml(read_text(path, what, cap), str(path), what)
 
 
-def parse_yaml(text: str, where: str, what: str) -> object:
-    """yaml.safe_load without aliases, or a BoundedReadError naming `where` and the line."""
+def no_aliases_loader() -> type:
+    """PyYAML's SafeLoader that raises yaml.YAMLError at an alias (`*name`), naming its line:
+    `yaml.load(text, Loader=no_aliases_loader())`."""
     import yaml  # here: the JSON readers need no YAML
 
-    class _NoAliases(yaml.SafeLoader):
+    class NoAliases(yaml.SafeLoader):
         def compose_node(self, parent, index):  # noqa: ANN001, ANN201 (PyYAML's hook)
             if self.check_event(yaml.AliasEvent):
                 mark = self.peek_event().start_mark
                 raise yaml.YAMLError(f"line {mark.line + 1}: an alias (*name); the lab's YAML uses none")
             return super().compose_node(parent, index)
 
+    return NoAliases
+
+
+def parse_yaml(text: str, where: str, what: str) -> object:
+    """yaml.safe_load without aliases, or a BoundedReadError naming `where` and the line."""
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_NoAliases)  # noqa: S506 (a SafeLoader)
+        return yaml.load(text, Loader=no_aliases_loader())  # noqa: S506 (a SafeLoader)
     except RecursionError:
         raise BoundedReadError(f"{where}: {what} is nested too deeply") from None
     except yaml.YAMLError as err:

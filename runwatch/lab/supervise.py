@@ -40,7 +40,14 @@ from runwatch.cluster.targets import rank_targets
 from runwatch.core import credentials
 from runwatch.core.addresses import DEFAULT_PORTS, lab_urls, parse_ports
 from runwatch.core.addresses import url as url_at
-from runwatch.core.bounded import MAX_RULE_FILE_BYTES, BoundedReadError, load_yaml, read_bytes, read_text
+from runwatch.core.bounded import (
+    MAX_RULE_FILE_BYTES,
+    BoundedReadError,
+    load_yaml,
+    no_aliases_loader,
+    read_bytes,
+    read_text,
+)
 from runwatch.core.command import DEFAULT_STATE, UsageError, config_error, read_json
 from runwatch.core.files import write_atomic
 from runwatch.core.names import LOOPBACK, PORTS
@@ -209,7 +216,7 @@ class Lab:
         source = self.layout.alertmanager_yml
         try:
             text = read_text(source, "Alertmanager's configuration", MAX_RULE_FILE_BYTES)  # bounded (issue 40)
-            config = yaml.safe_load(loopback(text, self.ports))
+            config = yaml.load(loopback(text, self.ports), Loader=no_aliases_loader())  # noqa: S506 (a SafeLoader)
         except (FileNotFoundError, BoundedReadError) as err:
             raise UsageError(f"{err}; see `runwatch check`") from None
         except yaml.YAMLError as e:
