@@ -53,7 +53,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-import yaml
 
 from runwatch import exporter, trainer
 from runwatch.backtest import remote_write, signatures
@@ -956,8 +955,12 @@ def _workbench_report(
         print("\n" + workbench.catches_table(summary["by_strength"], in_force.alerts))
     if swept is None:
         return
-    written = [r for f in Layout().rule_files(rules_dir) for g in (yaml.safe_load(f.read_text()) or {}).get(
-        "groups", []) for r in g.get("rules", [])]  # fmt: skip
+    written = [
+        r
+        for f in Layout().rule_files(rules_dir)
+        for g in (load_yaml(f, "a rule file") or {}).get("groups", [])
+        for r in g.get("rules", [])
+    ]  # fmt: skip  (load_rules checked them: bounded, no aliases)
     rows = workbench.trade_off(result, swept, strengths, workbench.in_force(written, swept))
     summary["sweep"] = {"alert": swept.alert, "field": swept.field, "values": list(swept.values), "rows": rows}
     print("\n" + workbench.sweep_table(rows, swept))

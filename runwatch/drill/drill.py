@@ -112,7 +112,7 @@ def drill(args: argparse.Namespace) -> int:
         ranks=args.ranks, ports=args.ports, no_wait_for_prometheus=False,  # a drill's incident must be seen
     )  # fmt: skip
     lab_mod.up(up_args)
-    run_id = json.loads((d.lab.state / "lab.json").read_text())["run_id"]
+    run_id = read_json(d.lab.state / "lab.json", "the lab's record")["run_id"]  # bounded (issue 40)
     d.save({"run_id": run_id, "started_at": _now(), "acks": [], "diagnosis": None, "ranks": args.ranks})
     print(f"drill {run_id} started: something may go wrong between steps {DRILL_ONSET_RANGE[0]} and "
           f"{DRILL_ONSET_RANGE[1]}, or nothing at all.")  # fmt: skip
