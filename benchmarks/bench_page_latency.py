@@ -64,7 +64,7 @@ def one_run(lab: Lab, i: int) -> list[float]:
         if missing:  # say what Prometheus and Alertmanager held, so a lost page can be traced
             alerts = requests.get(f"{url('prometheus')}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
             held = [(a["labels"]["alertname"], a["state"]) for a in alerts if a["labels"].get("run_id") == run_id]
-            am = requests.get(f"{url('alertmanager')}/api/v2/alerts", timeout=5).json()
+            am = requests.get(f"{url('alertmanager')}/api/v2/alerts", timeout=5, auth=lab.auth("alertmanager")).json()
             am_held = [
                 (a["labels"]["alertname"], a["status"]["state"]) for a in am if a["labels"].get("run_id") == run_id
             ]

@@ -42,6 +42,7 @@ from starlette.staticfiles import StaticFiles
 from runwatch.console import rules
 from runwatch.console.sources import ALERT_NAME, Sources, UnavailableError
 from runwatch.core.addresses import host_allowed, served_hosts
+from runwatch.core.bounded import BoundedReadError
 from runwatch.core.command import UsageError
 from runwatch.core.names import LOOPBACK, PORTS
 from runwatch.trainer.config import (  # what a diagnosis may name, as runwatch diagnose takes it
@@ -314,10 +315,19 @@ def make_app(sources: Sources, runwatch: list[str] | None = None, hosts: frozens
     hosts: the Host headers it answers (runwatch.core.addresses.served_hosts; by default the
     loopback names of the documented port)."""
     hosts = served_hosts(LOOPBACK, PORTS["console"]) if hosts is None else hosts
-    app = Starlette(routes=ROUTES, middleware=[Middleware(SecurityHeaders), Middleware(RequestGuard, hosts=hosts)])
+    app = Starlette(
+        routes=ROUTES, middleware=[Middleware(SecurityHeaders), Middleware(RequestGuard, hosts=hosts)],
+        exception_handlers={BoundedReadError: _unreadable},
+    )  # fmt: skip
     app.state.console = Console(sources, runwatch)
     app.state.form = _form  # how console/rules.py takes a form: this module's token and origin checks
     return app
+
+
+async def _unreadable(request: Request, err: Exception) -> Response:
+    """A file the console will not read (a rule file linked to /dev/zero, a damaged lab.json):
+    one line naming it, and the console serves on (issue 40)."""
+    return PlainTextResponse(f"422 {err}\n", 422)
 
 
 class RequestGuard:

@@ -22,7 +22,6 @@ read-only pass-through of a few of Prometheus's metadata endpoints, so the page'
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import shutil
@@ -41,6 +40,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from runwatch.core.bounded import BoundedReadError, copy_folder, load_json_object, load_yaml
 from runwatch.core.files import write_atomic
 from runwatch.core.paths import Layout
 
@@ -79,7 +79,10 @@ def rules_root(console: Any) -> Layout:
     """The configuration the lab runs: its lab.json's root, else the one `runwatch check` finds."""
     state = console.sources.state_dir
     if state is not None and (state / "lab.json").is_file():
-        return Layout(Path(json.loads((state / "lab.json").read_text())["root"]))
+        root = load_json_object(state / "lab.json", "the lab's record").get("root")
+        if not isinstance(root, str):
+            raise BoundedReadError(f"{state / 'lab.json'}: the lab's record names no root; restart the lab")
+        return Layout(Path(root))
     return Layout()
 
 
@@ -87,7 +90,9 @@ def alerts_of(layout: Layout) -> list[Alert]:
     """Every alert of the rule files, in file order, with its threshold when it reads one."""
     out: list[Alert] = []
     for path in layout.rule_files():
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = load_yaml(path, "a rule file") or {}  # bounded: a link to /dev/zero, an alias bomb (issue 40)
+        if not isinstance(doc, dict):
+            raise BoundedReadError(f"{path}: a rule file is not a mapping with `groups:`; see `runwatch check`")
         rules = [(g.get("name", ""), r) for g in doc.get("groups", []) for r in g.get("rules", [])]
         values = {}
         for _, r in rules:
@@ -363,7 +368,7 @@ async def backtest(request: Request) -> Response:
     plot = bench.plot_name()
     with tempfile.TemporaryDirectory(prefix="runwatch-console-backtest-") as tmp:
         rules = Path(tmp) / "rules"
-        shutil.copytree(layout.rules_dir, rules, ignore=shutil.ignore_patterns("*.previous"))
+        copy_folder(layout.rules_dir, rules, ignore=shutil.ignore_patterns("*.previous"))
         (rules / alert.file.name).write_text(text)
         args = ["backtest", f"--rules={rules}", f"--seeds={seeds}", f"--sweep={edit.sweep()}",
                 f"--plot={bench.plots / plot}", *([f"--strengths={strengths}"] if strengths else [])]  # fmt: skip
@@ -405,7 +410,7 @@ def _check_and_write(console: Any, layout: Layout, path: Path, old: str, text: s
     with tempfile.TemporaryDirectory(prefix="runwatch-console-apply-") as tmp:
         root = Path(tmp)
         for folder in ("prometheus", "alertmanager"):
-            shutil.copytree(layout.root / folder, root / folder, ignore=shutil.ignore_patterns("*.previous"))
+            copy_folder(layout.root / folder, root / folder, ignore=shutil.ignore_patterns("*.previous"))
         (root / path.relative_to(layout.root)).write_text(text)
         code, said = _run(console, "check", f"--root={root}", timeout=120)
     if code != 0:

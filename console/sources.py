@@ -11,7 +11,6 @@ Do not use this to act: acks and diagnoses go through `runwatch ack` and `runwat
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -22,6 +21,7 @@ from urllib.parse import quote, urlencode
 
 import requests
 
+from runwatch.core.bounded import load_json_object
 from runwatch.core.names import WATCH_GRACE_S
 from runwatch.core.paths import Layout
 from runwatch.prom.server import PromQLError, instant, quoted
@@ -107,7 +107,7 @@ class Sources:
         if self.state_dir is None:
             return None
         try:
-            return str(json.loads((self.state_dir / "lab.json").read_text())["run_id"])
+            return str(load_json_object(self.state_dir / "lab.json", "the lab's record")["run_id"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -155,7 +155,7 @@ class Sources:
         if self.state_dir is None or not RUN_ID.fullmatch(run_id):
             return None
         try:
-            record = json.loads((self.state_dir / "runs" / run_id / "run.json").read_text())
+            record = load_json_object(self.state_dir / "runs" / run_id / "run.json", "the run's record")
         except (OSError, ValueError):
             return None
         return record if isinstance(record, dict) else None
@@ -289,8 +289,8 @@ class Sources:
         if self.state_dir is None:
             return None
         try:
-            record = json.loads((self.state_dir / "drill.json").read_text())
-        except (OSError, ValueError):
+            record = load_json_object(self.state_dir / "drill.json", "the drill's record")  # bounded (issue 40, B9)
+        except (OSError, ValueError):  # BoundedReadError is a ValueError
             return None
         return record if isinstance(record, dict) and isinstance(record.get("run_id"), str) else None
 

@@ -174,12 +174,12 @@ def wait_for(predicate, timeout: float, what: str):
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
-def metric(base: str, name: str, **labels: str) -> float:
+def metric(base: str, name: str, auth: tuple[str, str] | None = None, **labels: str) -> float:
     """The sum of a server's own samples of one metric (its /metrics), those with these labels:
     what a negative check polls, rather than sleeping (a counter says the thing has happened)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = requests.get(f"{base}/metrics", timeout=5).text
+    text = requests.get(f"{base}/metrics", timeout=5, auth=auth).text  # auth: the lab's Alertmanager asks it
     return sum(
         s.value
         for family in text_string_to_metric_families(text)

@@ -83,7 +83,11 @@ def test_the_served_alertmanager_config_gives_the_lab_s_token_to_the_pager_s_web
     assert token.read_text() == before
 
 
-@pytest.mark.parametrize("text, says", [("route: [\n", "line 2: not YAML"), ("- a list\n", "not an Alertmanager")])
+@pytest.mark.parametrize(
+    "text, says",
+    [("route: [\n", "line 2: not YAML"), ("- a list\n", "not an Alertmanager"),
+     ("route: &r {receiver: a}\nagain: *r\n", "line 2: an alias")],  # issue 40: no alias bomb
+)  # fmt: skip
 def test_an_alertmanager_yml_that_is_not_a_config_is_one_line_naming_it(tmp_path, text, says):
     lab = _lab_over(tmp_path, text)
     with pytest.raises(UsageError, match=f"alertmanager.yml:? ?.*{says}") as err:

@@ -99,6 +99,7 @@ def test_each_render_holds_every_object_the_lab_runs(rendered):
         "AlertmanagerConfig/rw-runwatch", "Deployment/rw-runwatch-console", "Deployment/rw-runwatch-pager",
         "Job/rw-runwatch-trainer", "PersistentVolumeClaim/rw-runwatch-pages", "PodMonitor/rw-runwatch-trainer",
         "Service/rw-runwatch-console", "Service/rw-runwatch-pager", "ServiceMonitor/rw-runwatch-pager",
+        "NetworkPolicy/rw-runwatch-pager", "NetworkPolicy/rw-runwatch-trainer", "Secret/rw-runwatch-pager-token",
         *(f"PrometheusRule/rw-runwatch-{f.stem}" for f in (REPO / "prometheus" / "rules").glob("*.yml")),
         *(f"ConfigMap/rw-runwatch-dashboard-{f.stem}" for f in (REPO / "grafana" / "dashboards").glob("*.json")),
     }  # fmt: skip
@@ -699,3 +700,103 @@ def test_the_pager_s_service_monitor_scrapes_it_as_job_pager(rendered, tmp_path)
     [series] = up
     assert series["value"][1] == "1"
     assert (series["metric"]["service"], series["metric"]["namespace"]) == ("rw-runwatch-pager", NAMESPACE)
+
+
+# --- issue 40, N25: who reaches the trainer and the pager, the pager's token, every cap ---
+
+
+def pod_spec(doc: dict) -> dict:
+    return doc["spec"]["template"]["spec"]
+
+
+def selected(policy: dict, docs: list[dict]) -> list[str]:
+    """The workloads whose pods the policy's podSelector selects."""
+    want = policy["spec"]["podSelector"]["matchLabels"].items()
+    return [d["metadata"]["name"] for d in docs if d["kind"] in ("Deployment", "Job")
+            and want <= d["spec"]["template"]["metadata"]["labels"].items()]  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("render_name", RENDERS)
+def test_only_the_stack_s_prometheus_and_alertmanager_reach_the_trainer_and_pager(rendered, render_name):
+    """N25: any pod could page or ack. Ingress to the pager: the stack's Prometheus and
+    Alertmanager pods (in its namespace) and the chart's console; to the trainer: the stack's
+    Prometheus and the run's own ranks (MPICH). No rule lets anyone else in."""
+    docs = rendered[render_name]
+    policies = {p["metadata"]["labels"]["app.kubernetes.io/component"]: p for p in of_kind(docs, "NetworkPolicy")}
+    assert set(policies) == {"pager", "trainer"}
+    stack = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    prometheus = {**stack, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    alertmanager = {**stack, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "alertmanager"}}}
+    ours = {"app.kubernetes.io/name": "runwatch", "app.kubernetes.io/instance": RELEASE}
+    console = {"podSelector": {"matchLabels": {**ours, "app.kubernetes.io/component": "console"}}}
+    ranks = {"podSelector": {"matchLabels": {**ours, "app.kubernetes.io/component": "trainer"}}}
+    expected = {"pager": [prometheus, alertmanager, console], "trainer": [prometheus, ranks]}
+    for component, policy in policies.items():
+        assert selected(policy, docs) == [f"rw-runwatch-{component}"]
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert policy["spec"]["ingress"] == [{"from": expected[component]}], component  # no port-only rule: no one else
+    off = render(*STACK, "--set", "networkPolicy.enabled=false")
+    assert not of_kind(off, "NetworkPolicy")
+
+
+@pytest.mark.integration
+def test_alertmanager_s_webhooks_carry_the_pager_s_token_from_a_secret(rendered, tmp_path):
+    """N25: the chart's pager took any webhook. The Secret the AlertmanagerConfig's webhooks name
+    is the one the pager reads its --token-file from; the real pager, run with the rendered
+    arguments and that token, refuses a webhook without it and takes one with it."""
+    import base64
+
+    docs = rendered["one rank"]
+    [amc] = of_kind(docs, "AlertmanagerConfig")
+    credentials = [w["httpConfig"]["authorization"] for r in amc["spec"]["receivers"] for w in r["webhookConfigs"]]
+    assert credentials and all(c["type"] == "Bearer" for c in credentials)
+    [ref] = {json.dumps(c["credentials"], sort_keys=True) for c in credentials}
+    ref = json.loads(ref)
+    [secret] = [d for d in of_kind(docs, "Secret") if d["metadata"]["name"] == ref["name"]]
+    token = base64.b64decode(secret["data"][ref["key"]]).decode()
+    [pager] = [d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "rw-runwatch-pager"]
+    [container] = pod_spec(pager)["containers"]
+    [volume] = [v for v in pod_spec(pager)["volumes"] if v.get("secret", {}).get("secretName") == ref["name"]]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    [token_file] = [a.split("=", 1)[1] for a in container["command"] if a.startswith("--token-file=")]
+    assert token_file == f"{mount['mountPath']}/{ref['key']}"
+    (tmp_path / ref["key"]).write_text(token)
+    (tmp_path / "runbooks").mkdir()
+    port = free_port()
+    moved = {"--host": "127.0.0.1", "--port": str(port), "--log": str(tmp_path / "pages.jsonl"),
+             "--runbooks": str(tmp_path / "runbooks"), "--token-file": str(tmp_path / ref["key"]),
+             "--prometheus": "http://127.0.0.1:9"}  # fmt: skip
+    argv = [sys.executable, "-m", "runwatch", *(
+        f"{a.split('=', 1)[0]}={moved[a.split('=', 1)[0]]}" if a.split("=", 1)[0] in moved else a
+        for a in container["command"][1:]
+    )]  # fmt: skip
+    [host] = [a.split("=", 1)[1] for a in container["command"] if a.startswith("--allow-host=")]
+    webhook = json.dumps({"version": "4", "status": "firing", "receiver": "oncall-page", "alerts": []})
+    with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / "pager.log"):
+
+        def post(**headers: str) -> int:
+            return requests.post(f"http://127.0.0.1:{port}/webhook", data=webhook, timeout=10, headers={
+                "Host": host, "Content-Type": "application/json", **headers}).status_code  # fmt: skip
+
+        assert post() == 401
+        assert post(Authorization="Bearer not-the-token-at-all") == 401
+        assert post(Authorization=f"Bearer {token}") != 401
+    mine = render(*STACK, "--set", "pager.tokenSecret=mine")
+    assert not of_kind(mine, "Secret")
+    [amc] = of_kind(mine, "AlertmanagerConfig")
+    assert {w["httpConfig"]["authorization"]["credentials"]["name"] for r in amc["spec"]["receivers"]
+            for w in r["webhookConfigs"]} == {"mine"}  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("render_name", RENDERS)
+def test_every_scratch_folder_and_container_is_capped(rendered, render_name):
+    """N25: the /tmp emptyDirs had no sizeLimit, and no container a CPU limit."""
+    for doc in (d for d in rendered[render_name] if d["kind"] in ("Deployment", "Job")):
+        spec = pod_spec(doc)
+        for volume in (v for v in spec["volumes"] if "emptyDir" in v):
+            assert volume["emptyDir"].get("sizeLimit"), (doc["metadata"]["name"], volume)
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            limits = container.get("resources", {}).get("limits", {})
+            assert limits.get("cpu") and limits.get("memory"), (doc["metadata"]["name"], container["name"])

@@ -82,12 +82,14 @@ def _wrong_shape(path: Path, good: Path) -> None:
 
 
 @pytest.mark.integration
-def test_resume_of_a_checkpoint_with_nan_weights_is_refused(tmp_path, checkpoint):
-    """Issue 28, item 11: it resumed and trained "loss nan" silently."""
+@pytest.mark.parametrize("weight", [np.nan, 1e308], ids=["nan", "finite but overflowing"])
+def test_resume_of_a_checkpoint_with_nan_weights_is_refused(tmp_path, checkpoint, weight):
+    """Issue 28, item 11: it resumed and trained "loss nan" silently; issue 40, P10: so did a
+    finite w[0,0]=1e308, whose logits overflow."""
     with np.load(checkpoint) as saved:
         arrays = {key: saved[key] for key in saved.files}
     w = arrays["w"].copy()
-    w[0, 0] = np.nan
+    w[0, 0] = weight
     np.savez(tmp_path / "nan.npz", **{**arrays, "w": w})
     res = runwatch("train", "--resume", str(tmp_path / "nan.npz"), "--port", "0", "--run-dir", "run", cwd=tmp_path,
                    timeout=60)  # fmt: skip

@@ -57,7 +57,7 @@ def acked(lab, tab, alert: str, run_id: str) -> None:
     notice = tab.wait_for_selector("#notice").inner_text()
     assert f"acknowledged {alert} for run {run_id}" in notice and "; silence " in notice, notice
     silences = [
-        s for s in requests.get(f"{am}/api/v2/silences", timeout=5).json()
+        s for s in requests.get(f"{am}/api/v2/silences", timeout=5, auth=lab.auth("alertmanager")).json()
         if {"name": "run_id", "value": run_id, "isRegex": False, "isEqual": True} in s["matchers"]
     ]  # fmt: skip
     assert len(silences) == 1 and silences[0]["status"]["state"] == "active"

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from runwatch.backtest.backtest import cache_key
-from runwatch.backtest.datacache import MANIFEST, DataCache, key_of
+from runwatch.backtest.datacache import MANIFEST, MARKER, MARKER_TEXT, DataCache, key_of
 from tests.conftest import need
 
 
@@ -60,8 +60,9 @@ def test_the_least_recently_used_entries_go_over_the_cap(tmp_path):
 
 def test_a_put_a_crash_left_behind_is_cleared_after_an_hour(tmp_path):
     cache = DataCache(tmp_path / "cache", max_bytes=1 << 20)
-    (tmp_path / "cache" / ".k.abandoned").mkdir(parents=True)
-    (tmp_path / "cache" / ".k.running").mkdir()
+    for name in (".k.abandoned", ".k.running"):  # as a put leaves them: its marker written first
+        (tmp_path / "cache" / name).mkdir(parents=True)
+        (tmp_path / "cache" / name / MARKER).write_text(MARKER_TEXT)
     os.utime(tmp_path / "cache" / ".k.abandoned", (time.time() - 7200, time.time() - 7200))
     cache.put("k", blocks(tmp_path, "data", 10), {})
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".k.running", "k"]
@@ -146,3 +147,23 @@ def test_a_damaged_entry_is_set_aside_and_the_cache_works_on(tmp_path, damage):
         assert cache.get("k", tmp_path / "out") is None and not (root / "k").exists()
         cache.put("k", blocks(tmp_path, "again", 10), {"runs": 1})
         assert cache.get("k", tmp_path / "out") == {"runs": 1}
+
+
+def test_eviction_deletes_only_folders_holding_the_caches_own_marker(tmp_path):
+    """Issue 40, B13: `--cache-max-mb 1` deleted a `my-pwa/` holding a manifest.json, and a
+    two-day-old `.notes.old/` (a put's temporary name, to the eye), from the cache root."""
+    root = tmp_path / "cache"
+    (root / "my-pwa").mkdir(parents=True)
+    (root / "my-pwa" / MANIFEST).write_text('{"name": "my app"}')
+    (root / "my-pwa" / "icon.png").write_bytes(os.urandom(300_000))  # older and bigger than any entry
+    os.utime(root / "my-pwa" / MANIFEST, (1000, 1000))
+    (root / ".notes.old").mkdir()
+    (root / ".notes.old" / "todo.md").write_text("mine")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(root / ".notes.old", (two_days_ago, two_days_ago))
+    cache = DataCache(root, max_bytes=150_000)
+    for key in ("old", "new"):
+        cache.put(key, blocks(tmp_path, key, 100_000), {})
+    assert sorted(p.name for p in root.iterdir()) == [".notes.old", "my-pwa", "new"]  # "old" went, nothing else
+    assert (root / ".notes.old" / "todo.md").read_text() == "mine"
+    assert len((root / "my-pwa" / "icon.png").read_bytes()) == 300_000

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import requests
 
+from runwatch.core import credentials
 from runwatch.core.addresses import lab_url
 from runwatch.drill.drill import notification_window_s
 from runwatch.oncall.pager import read_pages
@@ -119,7 +120,7 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert res.returncode == 2 and res.stderr.startswith("runwatch ack: --comment:"), res.stderr
     res = runwatch("ack", page["alert"], "--comment", "again", "--state-dir", str(state), cwd=tmp_path)
     assert res.returncode == 2 and "already acknowledged" in res.stderr
-    silences = requests.get(f"{am}/api/v2/silences", timeout=5).json()
+    silences = requests.get(f"{am}/api/v2/silences", timeout=5, auth=credentials.basic_auth(state)).json()
     (silence,) = [s for s in silences if s["status"]["state"] == "active"]
     assert silence["comment"] == "loss x30 and gradients x5 at once"
     assert {(m["name"], m["value"]) for m in silence["matchers"]} == {("alertname", page["alert"]), ("run_id", run_id)}

@@ -31,8 +31,11 @@ def foreground_up(state) -> tuple[subprocess.Popen, str]:
         line = proc.stdout.readline()  # a dead `up` ends the output: no endless wait
         assert line, printed
         printed += line
-    records = Lab(state).records()
-    assert len(records) == 5 and all(requests.get(r["ready_url"], timeout=5).ok for r in records.values())
+    lab = Lab(state)
+    records = lab.records()
+    assert len(records) == 5 and all(
+        requests.get(r["ready_url"], timeout=5, auth=lab.auth(name)).ok for name, r in records.items()
+    )  # auth: the lab's Alertmanager asks its password (runwatch.core.credentials)
     return proc, printed
 
 

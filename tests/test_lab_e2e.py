@@ -105,6 +105,8 @@ def test_every_link_the_project_writes_or_prints_opens_on_the_native_lab(lab):
     and Alertmanager serve no web UI, so nothing links into one). They name the documented
     ports; this lab serves each component at the port it took instead."""
     moved = {str(port): str(lab.ports[name]) for name, port in DEFAULT_PORTS.items()}
+    # Alertmanager's links open with the lab's password, as a browser asks it of the learner
+    named = {str(lab.ports[name]): name for name in DEFAULT_PORTS}
     wait_for(lambda: pages(lab, lab.run_id), 90, "the incident's first page")
     links = project_links()
     printed = runwatch("status", "--state-dir", str(lab.state), cwd=lab.cwd).stdout
@@ -119,7 +121,8 @@ def test_every_link_the_project_writes_or_prints_opens_on_the_native_lab(lab):
             continue
         here = url.replace(f"127.0.0.1:{port}", f"127.0.0.1:{moved.get(port, port)}", 1)
         try:
-            status = requests.get(here, timeout=10).status_code  # redirects followed, as a browser does
+            auth = lab.auth(named.get(moved.get(port, port), ""))
+            status = requests.get(here, timeout=10, auth=auth).status_code  # redirects followed, as a browser does
         except requests.RequestException as err:
             status = type(err).__name__
         if status != 200:
@@ -225,9 +228,10 @@ def test_pager_down_then_back_gets_the_page_once(lab_factory):
     lab.stop("pager")
     am = lab.url("alertmanager")
     wait_for(lambda: firing_in_prometheus(lab, "GradientNormJump", lab.run_id), 40, "the alert to fire in Prometheus")
-    failed = metric(am, "alertmanager_notifications_failed_total", integration="webhook")
+    auth = lab.auth("alertmanager")
+    failed = metric(am, "alertmanager_notifications_failed_total", auth, integration="webhook")
     # Alertmanager's first delivery has failed: its own count says so
-    wait_for(lambda: metric(am, "alertmanager_notifications_failed_total", integration="webhook") > failed, 30,
+    wait_for(lambda: metric(am, "alertmanager_notifications_failed_total", auth, integration="webhook") > failed, 30,
              "a failed delivery")  # fmt: skip
     assert not pages(lab, lab.run_id)
     lab.start(Component.from_record("pager", record))
@@ -352,7 +356,7 @@ def test_pager_metrics_count_the_pages(lab):
 
 @pytest.mark.slow  # a lab of its own for most of a minute: the slow tier keeps make test within 5 minutes
 def test_prometheus_told_to_quit_pages_watchdog_silent(lab_factory):
-    """Any local process can POST /-/quit (the lab runs with --web.enable-lifecycle for reload).
+    """Prometheus told to quit (SIGTERM, as `down` sends: no web page can, issue 40).
     Nothing can alert on Prometheus from Prometheus: the pager's dead-man's switch does. Bound:
     the pager's watchdog timeout, plus the Watchdog route's repeat interval (the last heartbeat
     may be that old), plus a few seconds for Alertmanager to let the alert lapse."""
@@ -370,6 +374,6 @@ def test_prometheus_told_to_quit_pages_watchdog_silent(lab_factory):
         )  # fmt: skip
 
     wait_for(heard, bound, "the first Watchdog heartbeat")
-    assert requests.post(f"{lab.url('prometheus')}/-/quit", timeout=5).status_code == 200
+    lab.process(lab.records()["prometheus"]).terminate()
     page = wait_for(lambda: pages(lab, "", "WatchdogSilent"), bound, "the pager's WatchdogSilent page")[0]
     assert page["severity"] == "critical" and page["runbook_url"] == f"{RUNBOOK_BASE}/WatchdogSilent.md"

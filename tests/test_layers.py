@@ -201,14 +201,15 @@ def test_the_pager_stands_alone():
 
 
 # What the console may use of the house: the command-line conventions, the lab's names and where
-# a lab of a state directory listens, atomic writes (the Rules page writes the learner's rule file), the
+# a lab of a state directory listens, atomic writes (the Rules page writes the learner's rule file),
+# bounded reads (it reads the rules folder and lab.json, which may be hostile), the
 # incidents a diagnosis may name, and the dashboards' queries with the plate that runs them (one
 # copy of the PromQL). Not the lab, the drill or the command line: it acts through `runwatch ack`
 # and `runwatch diagnose`.
 CONSOLE_USES = {
     "runwatch.core.command", "runwatch.core.names", "runwatch.core.paths", "runwatch.core.addresses",
     "runwatch.readouts.dashboard_queries", "runwatch.readouts.picture", "runwatch.prom.server",
-    "runwatch.trainer.config", "runwatch.core.files",
+    "runwatch.trainer.config", "runwatch.core.files", "runwatch.core.bounded",
 }  # fmt: skip
 
 
@@ -255,3 +256,21 @@ def test_no_function_is_longer_than_a_screen():
             if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 60:
                 long.append(f"{path.relative_to(REPO)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert not long, long
+
+
+def test_every_test_security_md_names_exists():
+    """SECURITY.md's tables name the test of each attack: a renamed or deleted test is caught here."""
+    import re
+
+    from runwatch.core.paths import REPO
+
+    named = []
+    for cell in re.findall(r"`tests/[^|]*", (REPO / "SECURITY.md").read_text()):
+        file = None
+        for ref in re.findall(r"`(tests/\w+\.py)?(?:::(\w+))?`", cell):
+            file = ref[0] or file
+            if ref[1]:
+                named.append((file, ref[1]))
+    assert len(named) > 40
+    missing = [f"{f}::{t}" for f, t in named if not re.search(rf"^def {t}\(", (REPO / f).read_text(), re.M)]
+    assert missing == []

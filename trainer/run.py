@@ -327,6 +327,12 @@ class Trainer:
             raise ValueError(f"{path}: weights of shapes {shapes} do not fit its config's {fits}")
         if not (np.isfinite(self.w).all() and np.isfinite(self.b).all()):  # it would train "loss nan" silently
             raise NonFiniteCheckpointError(f"{path}: its weights are not finite (NaN or inf); resume an earlier one")
+        with np.errstate(all="ignore"):  # finite weights can overflow the logits: w[0,0]=1e308 trained "loss nan" too
+            heldout = model.loss(self.w, self.b, *self.heldout)
+        if not math.isfinite(heldout):
+            raise NonFiniteCheckpointError(
+                f"{path}: its weights give a loss that is not finite ({heldout}: they overflow); resume an earlier one"
+            )
         self.fit_losses = [float(v) for v in data["fit_losses"]]
         self.fit = tuple(float(v) for v in data["fit"]) if len(data["fit"]) else None
         step, lab, heldout, grad, scale, clean, skipped = data["scalars"].tolist()

@@ -43,7 +43,6 @@ import json
 import os
 import re
 import signal
-import stat
 import statistics
 import sys
 import tempfile
@@ -54,7 +53,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-import yaml
 
 from runwatch import exporter, trainer
 from runwatch.backtest import remote_write, signatures
@@ -63,6 +61,7 @@ from runwatch.backtest.datacache import DataCache, default_root, key_of
 from runwatch.backtest.inline import Inliner, references
 from runwatch.backtest.remote_write import push, write_request
 from runwatch.backtest.sweep import Strengths, parse_strengths
+from runwatch.core.bounded import MAX_RULE_FILE_BYTES, BoundedReadError, load_yaml, regular_file
 from runwatch.core.command import Command, UsageError, check_writable, config_error, number
 from runwatch.core.files import write_atomic
 from runwatch.core.names import CLUSTER_ALERTS, LOOPBACK, META_GROUP, PORTS
@@ -211,26 +210,25 @@ def _phase(stamp: str) -> float:
     return float(f"0.{frac[1]}") if frac else 0.0
 
 
-MAX_RULE_FILE_BYTES = 4 << 20  # the lab's rule files are 30 KB together
-
-
 def load_rules(rules_dir: Path, promtool: str) -> Rules:
     files = Layout().rule_files(rules_dir)  # what prometheus.yml loads: rules/*.yml
     if not files:
         raise UsageError(f"--rules: no .yml rule files in {rules_dir}")
     for f in files:  # before promtool reads them: a.yml -> /dev/zero took it to 8.5 GB in 5 s
-        found = f.stat()  # through a symlink: what would be read
-        if not stat.S_ISREG(found.st_mode):
-            raise UsageError(f"--rules: {f} is not a regular file")
-        if found.st_size > MAX_RULE_FILE_BYTES:
-            cap = MAX_RULE_FILE_BYTES >> 20
-            raise UsageError(f"--rules: {f} is {found.st_size} bytes, over the {cap} MiB a rule file may be")
+        try:
+            regular_file(f, "a rule file", MAX_RULE_FILE_BYTES)  # through a symlink: what would be read
+        except BoundedReadError as err:
+            raise UsageError(f"--rules: {err}") from None
     proc = run_tool([promtool, "check", "rules", *map(str, files)])
     if proc.returncode != 0:
         raise UsageError(f"--rules: promtool check rules refused {rules_dir}:\n{(proc.stdout + proc.stderr).strip()}")
     rules = Rules()
     for f in files:
-        for group in (yaml.safe_load(f.read_text()) or {}).get("groups", []):
+        try:  # promtool has read them; no alias bomb for PyYAML either
+            doc = load_yaml(f, "a rule file") or {}
+        except BoundedReadError as err:
+            raise UsageError(f"--rules: {err}") from None
+        for group in (doc if isinstance(doc, dict) else {}).get("groups", []):
             if group.get("name") == META_GROUP:
                 continue
             for pos, rule in enumerate(group.get("rules", [])):
@@ -957,8 +955,12 @@ def _workbench_report(
         print("\n" + workbench.catches_table(summary["by_strength"], in_force.alerts))
     if swept is None:
         return
-    written = [r for f in Layout().rule_files(rules_dir) for g in (yaml.safe_load(f.read_text()) or {}).get(
-        "groups", []) for r in g.get("rules", [])]  # fmt: skip
+    written = [
+        r
+        for f in Layout().rule_files(rules_dir)
+        for g in (load_yaml(f, "a rule file") or {}).get("groups", [])
+        for r in g.get("rules", [])
+    ]  # fmt: skip  (load_rules checked them: bounded, no aliases)
     rows = workbench.trade_off(result, swept, strengths, workbench.in_force(written, swept))
     summary["sweep"] = {"alert": swept.alert, "field": swept.field, "values": list(swept.values), "rows": rows}
     print("\n" + workbench.sweep_table(rows, swept))

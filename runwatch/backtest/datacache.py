@@ -36,15 +36,32 @@ from pathlib import Path
 from runwatch.core.files import write_atomic
 
 MANIFEST = "manifest.json"
+# Written first into every folder a put makes, so eviction deletes only folders the backtest
+# made: a `manifest.json` or a dotted name is no proof (a `my-pwa/`, a `.notes.old/`, issue 40).
+MARKER, MARKER_TEXT = (
+    ".runwatch-backtest-entry",
+    "written by runwatch backtest's cache; eviction may delete this folder\n",
+)
 BLOCKS = "blocks"
 RESULTS = "results"
 # a temporary entry older than this belongs to no running backtest (one takes under a minute)
 ABANDONED_S = 3600
 
 
-# A put's temporary folder (mkdtemp's ".<key>.<random>"): with the entries that hold a
-# manifest, all that eviction may delete. Anything else at the root is someone else's.
+# A put's temporary folder (mkdtemp's ".<key>.<random>"), which holds the marker too.
 PUT_IN_PROGRESS = re.compile(r"\.[^./]+\.[A-Za-z0-9_]+")
+
+
+def ours(entry: Path) -> bool:
+    """Whether a folder at the cache's root is one a put made: a real folder holding the marker,
+    a small regular file with the marker's text. Anything else there is someone else's."""
+    try:
+        if entry.is_symlink() or not entry.is_dir() or not (entry / MARKER).is_file() or (entry / MARKER).is_symlink():
+            return False
+        with open(entry / MARKER, "rb") as fh:
+            return fh.read(len(MARKER_TEXT) + 1) == MARKER_TEXT.encode()
+    except OSError:
+        return False
 
 
 def _remove(path: Path) -> None:
@@ -120,6 +137,7 @@ class DataCache:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
         try:
+            (tmp / MARKER).write_text(MARKER_TEXT)
             for block in blocks.iterdir():  # the blocks; not Prometheus's lock, WAL or head chunks
                 if block.is_dir() and (block / "meta.json").is_file():
                     shutil.copytree(block, tmp / BLOCKS / block.name)
@@ -165,8 +183,8 @@ class DataCache:
         """Delete the least recently used entries while the cache holds more than max_bytes."""
         entries = []
         for entry in self.root.iterdir():
-            if entry.is_symlink() or not entry.is_dir():
-                continue  # not of ours
+            if not ours(entry):
+                continue  # not of ours: no marker (a `my-notes/`, a `my-pwa/` with its manifest.json)
             if PUT_IN_PROGRESS.fullmatch(entry.name):  # a put in progress, or one a crash left behind
                 if time.time() - entry.stat().st_mtime > ABANDONED_S:
                     shutil.rmtree(entry, ignore_errors=True)
@@ -174,7 +192,7 @@ class DataCache:
             try:
                 used = (entry / MANIFEST).lstat().st_mtime
             except OSError:
-                continue  # no manifest: not an entry of ours (a `my-notes/` folder beside them)
+                continue  # no manifest: not a whole entry
             size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
             entries.append((used, size, entry))
         total = sum(size for _, size, _ in entries)

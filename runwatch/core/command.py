@@ -9,13 +9,14 @@ them) imports them; nothing here imports the project.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
+
+from runwatch.core.bounded import BoundedReadError, load_json_object
 
 
 class UsageError(Exception):
@@ -93,17 +94,12 @@ def _plain(value: float) -> str:
 def read_json(path: Path, what: str) -> dict:
     """A JSON object the lab wrote (lab.json, drill.json, a PID file), or a UsageError naming the
     file when it is unreadable, truncated or of the wrong shape: say what it is and what to do."""
-    try:
-        value = json.loads(Path(path).read_text())
+    try:  # bounded: a regular file, capped, its nesting too (runwatch.core.bounded)
+        return load_json_object(Path(path), what)
+    except BoundedReadError as err:
+        raise UsageError(str(err)) from None
     except OSError as err:
         raise UsageError(f"{path}: cannot read {what}: {err.strerror}") from None
-    except ValueError as err:
-        raise UsageError(f"{path}: {what} is damaged ({err}); delete it to start afresh") from None
-    except RecursionError:
-        raise UsageError(f"{path}: {what} is damaged (nested too deeply); delete it to start afresh") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"{path}: {what} is damaged (not a JSON object); delete it to start afresh")
-    return value
 
 
 def config_error(err: Exception) -> UsageError:

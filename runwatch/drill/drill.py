@@ -112,7 +112,7 @@ def drill(args: argparse.Namespace) -> int:
         ranks=args.ranks, ports=args.ports, no_wait_for_prometheus=False,  # a drill's incident must be seen
     )  # fmt: skip
     lab_mod.up(up_args)
-    run_id = json.loads((d.lab.state / "lab.json").read_text())["run_id"]
+    run_id = read_json(d.lab.state / "lab.json", "the lab's record")["run_id"]  # bounded (issue 40)
     d.save({"run_id": run_id, "started_at": _now(), "acks": [], "diagnosis": None, "ranks": args.ranks})
     print(f"drill {run_id} started: something may go wrong between steps {DRILL_ONSET_RANGE[0]} and "
           f"{DRILL_ONSET_RANGE[1]}, or nothing at all.")  # fmt: skip
@@ -123,11 +123,12 @@ def drill(args: argparse.Namespace) -> int:
 # --- runwatch ack ---
 
 
-def firing_unsilenced(alertmanager: str, alert: str, run_id: str) -> bool:
-    """Whether Alertmanager holds the alert of the run firing with no silence: one an ack silences."""
+def firing_unsilenced(alertmanager: str, alert: str, run_id: str, auth: tuple[str, str] | None = None) -> bool:
+    """Whether Alertmanager holds the alert of the run firing with no silence: one an ack silences.
+    auth: the lab's Alertmanager password (runwatch.core.credentials)."""
     params = {"filter": [f'alertname="{alert}"', f'run_id="{run_id}"'], "active": "true", "silenced": "false"}
     try:
-        resp = requests.get(f"{alertmanager}/api/v2/alerts", params=params, timeout=5)
+        resp = requests.get(f"{alertmanager}/api/v2/alerts", params=params, timeout=5, auth=auth)
         resp.raise_for_status()
         return bool(resp.json())
     except (requests.RequestException, ValueError) as err:
@@ -150,8 +151,9 @@ def ack(args: argparse.Namespace) -> int:
     pager = (args.pager or d.lab.url("pager")).rstrip("/")
     incident = open_incident(pager, args.alert, run_id)
     silence_id = ""
-    if incident["firing"] and firing_unsilenced(alertmanager, args.alert, run_id):
-        silence_id = silence(alertmanager, args.alert, run_id, args.comment, args.expires)
+    auth = d.lab.auth("alertmanager")
+    if incident["firing"] and firing_unsilenced(alertmanager, args.alert, run_id, auth):
+        silence_id = silence(alertmanager, args.alert, run_id, args.comment, args.expires, auth)
     body = {"alert": args.alert, "run_id": run_id, "comment": args.comment, "by": args.by or _who(),
             "ack_id": uuid.uuid4().hex, "silence": silence_id}  # fmt: skip
     acked = _post_ack(pager, body)
@@ -217,7 +219,9 @@ def _current_run(d: Drill) -> str:
     raise UsageError(f"--run: no lab in {d.lab.state} to take the run from; name the run")
 
 
-def silence(alertmanager: str, alert: str, run_id: str, comment: str, minutes: float) -> str:
+def silence(
+    alertmanager: str, alert: str, run_id: str, comment: str, minutes: float, auth: tuple[str, str] | None = None
+) -> str:
     """Silence alert for run_id in Alertmanager for minutes, with the ack's comment; its id."""
     now = datetime.now(UTC)
     body = {
@@ -231,7 +235,7 @@ def silence(alertmanager: str, alert: str, run_id: str, comment: str, minutes: f
         "comment": comment,
     }
     try:
-        resp = requests.post(f"{alertmanager}/api/v2/silences", json=body, timeout=5)
+        resp = requests.post(f"{alertmanager}/api/v2/silences", json=body, timeout=5, auth=auth)
         resp.raise_for_status()
         return str(resp.json()["silenceID"])
     except (requests.RequestException, ValueError, KeyError) as err:

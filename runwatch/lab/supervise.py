@@ -37,8 +37,17 @@ from pathlib import Path
 import psutil
 
 from runwatch.cluster.targets import rank_targets
+from runwatch.core import credentials
 from runwatch.core.addresses import DEFAULT_PORTS, lab_urls, parse_ports
 from runwatch.core.addresses import url as url_at
+from runwatch.core.bounded import (
+    MAX_RULE_FILE_BYTES,
+    BoundedReadError,
+    load_yaml,
+    no_aliases_loader,
+    read_bytes,
+    read_text,
+)
 from runwatch.core.command import DEFAULT_STATE, UsageError, config_error, read_json
 from runwatch.core.files import write_atomic
 from runwatch.core.names import LOOPBACK, PORTS
@@ -48,14 +57,18 @@ from runwatch.prom.server import free_port, free_ports_in_a_row, port_is_free, p
 from runwatch.prom.tools import alertmanager_launch, binary
 from runwatch.trainer.config import CLUSTER_INCIDENTS, INCIDENTS, ConfigError, TrainConfig, draw_drill, parse_incident
 
-# Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
-# where a learner's browser reaches each server, natively and through compose's published ports,
-# so the links in alerts (generatorURL, Alertmanager's) open in both worlds.
 # A query (a rule's evaluation too) ends after this: the lab's take milliseconds, and `runwatch
 # reload` bounds its wait for the new rules' first evaluations by it (runwatch.prom.checks).
 QUERY_TIMEOUT_S = 20
+
+# Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
+# where a learner's browser reaches each server, natively and through compose's published ports,
+# so the links in alerts (generatorURL, Alertmanager's) open in both worlds.
+# No --web.enable-lifecycle: a web page could POST /-/quit or /-/reload (issue 40, N20), and
+# `runwatch reload` sends SIGHUP, as `down` sends SIGTERM. CORS answers only Prometheus's own
+# origin (its default, `.*`, let any page read any query); external() moves both with the port.
 PROMETHEUS_FLAGS = [
-    "--web.enable-lifecycle",  # `runwatch reload` POSTs /-/reload
+    "--web.cors.origin=" + re.escape(f"http://{LOOPBACK}:{PORTS['prometheus']}"),
     f"--web.external-url=http://{LOOPBACK}:{PORTS['prometheus']}/",
     "--rules.alert.resend-delay=2s",  # an Alertmanager that restarts hears of firing alerts in 2 s, not 1 m
     "--storage.tsdb.retention.time=30d",
@@ -80,8 +93,9 @@ def loopback(config: str, ports: dict[str, int] = PORTS) -> str:
 
 
 def external(flags: list[str], url: str) -> list[str]:
-    """PROMETHEUS_FLAGS or ALERTMANAGER_FLAGS with the external URL of a lab on other ports."""
-    return [f"--web.external-url={url}/" if f.startswith("--web.external-url=") else f for f in flags]
+    """PROMETHEUS_FLAGS or ALERTMANAGER_FLAGS with the external URL (and CORS origin) of a lab on other ports."""
+    moved = {"--web.external-url=": f"{url}/", "--web.cors.origin=": re.escape(url)}
+    return [next((k + v for k, v in moved.items() if f.startswith(k)), f) for f in flags]
 
 
 @dataclass
@@ -138,13 +152,35 @@ class Lab:
 
     def link_config(self) -> None:
         self.targets.mkdir(parents=True, exist_ok=True)
-        for name, target in [("prometheus.yml", self.layout.prometheus_yml)]:
-            link = self.prometheus_dir / name
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(target.absolute())
-        self.install_rules()
         self.render_alertmanager_config()
+        self.render_prometheus_config()
+        self.install_rules()
+
+    def render_prometheus_config(self) -> None:
+        """prometheus.yml as the repository has it, with the lab's Alertmanager password on the
+        alerting and scrape configs that reach Alertmanager (runwatch.core.credentials)."""
+        import yaml  # here: `runwatch status` and `ack` need no YAML
+
+        source, link = self.layout.prometheus_yml, self.prometheus_dir / "prometheus.yml"
+        try:
+            config = load_yaml(source, "Prometheus's configuration")
+        except (FileNotFoundError, BoundedReadError) as err:
+            raise UsageError(f"{err}; see `runwatch check`") from None
+        auth = {
+            "basic_auth": {"username": credentials.USER, "password_file": str(credentials.password_file(self.state))}
+        }
+        if isinstance(config, dict):  # promtool names what else is wrong
+            alerting = config.get("alerting") if isinstance(config.get("alerting"), dict) else {}
+            to_am = alerting.get("alertmanagers") if isinstance(alerting.get("alertmanagers"), list) else []
+            jobs = config.get("scrape_configs") if isinstance(config.get("scrape_configs"), list) else []
+            to_am = [*to_am, *(j for j in jobs if isinstance(j, dict) and j.get("job_name") == "alertmanager")]
+            for entry in (e for e in to_am if isinstance(e, dict)):
+                entry.update(auth)
+        header = (f"# {source}, as `runwatch up` serves it: with the lab's Alertmanager password.\n"
+                  f"# Edit {source.name} there, not here.\n")  # fmt: skip
+        if link.is_symlink():  # a lab started before the config was rendered
+            link.unlink()
+        write_atomic(link, header + yaml.safe_dump(config, sort_keys=False, width=120))
 
     # The rules Prometheus reads are a copy, made at `up` and at each reload: a reload whose
     # rules Prometheus cannot evaluate in time puts the copy in force before it back (issue 28).
@@ -155,8 +191,12 @@ class Lab:
         staged = self.prometheus_dir / "rules.staged"
         shutil.rmtree(staged, ignore_errors=True)
         staged.mkdir(parents=True)
-        for f in self.layout.rule_files():
-            shutil.copyfile(f, staged / f.name)
+        for f in self.layout.rule_files():  # bounded: a rule file linked to /dev/zero (issue 40)
+            try:
+                (staged / f.name).write_bytes(read_bytes(f, "a rule file", MAX_RULE_FILE_BYTES))
+            except BoundedReadError as err:
+                shutil.rmtree(staged, ignore_errors=True)
+                raise UsageError(f"{err}; see `runwatch check`") from None
         shutil.rmtree(previous, ignore_errors=True)
         if rules.is_symlink():  # a lab started before the rules were copied
             rules.unlink()
@@ -178,11 +218,15 @@ class Lab:
         import yaml  # here: `runwatch status` and `ack` need no YAML
 
         self.alertmanager_yml.parent.mkdir(parents=True, exist_ok=True)
+        credentials.ensure(self.state)  # Alertmanager's own password, for its --web.config.file
         if not self.pager_token.exists():
             write_atomic(self.pager_token, secrets.token_urlsafe(32) + "\n", mode=0o600)
         source = self.layout.alertmanager_yml
         try:
-            config = yaml.safe_load(loopback(source.read_text(), self.ports))
+            text = read_text(source, "Alertmanager's configuration", MAX_RULE_FILE_BYTES)  # bounded (issue 40)
+            config = yaml.load(loopback(text, self.ports), Loader=no_aliases_loader())  # noqa: S506 (a SafeLoader)
+        except (FileNotFoundError, BoundedReadError) as err:
+            raise UsageError(f"{err}; see `runwatch check`") from None
         except yaml.YAMLError as e:
             where = getattr(e, "problem_mark", None)
             line = f" line {where.line + 1}" if where is not None else ""
@@ -295,6 +339,7 @@ class Lab:
         argv = [binary("alertmanager"), f"--config.file={self.alertmanager_yml}"]
         argv += [f"--storage.path={self.state / 'alertmanager-data'}"]
         argv += [f"--web.listen-address={self.address('alertmanager')}"]
+        argv += [f"--web.config.file={credentials.folder(self.state) / 'web.yml'}"]  # its password (issue 40)
         argv += external(ALERTMANAGER_FLAGS, self.url("alertmanager"))
         # its API: Debian's Alertmanager has no web UI, and its root page says only that
         comp = self._serving("alertmanager", argv, "/api/v2/alerts")
@@ -335,9 +380,13 @@ class Lab:
                 "tag": tag,
             }
             write_atomic(self.pids / f"{comp.name}.json", json.dumps(record) + "\n")
-        if not wait_ready(comp.ready_url, 60, proc):
+        if not wait_ready(comp.ready_url, 60, proc, auth=self.auth(comp.name)):
             raise UsageError(f"{comp.name} did not start: {self.log_tail(comp.name)}")
         return proc.pid
+
+    def auth(self, name: str) -> tuple[str, str] | None:
+        """What a client of the component carries: the password, for Alertmanager (issue 40)."""
+        return credentials.basic_auth(self.state) if name == "alertmanager" else None
 
     def log_tail(self, name: str) -> str:
         """The last lines of a component's log, on one line, and where the rest is."""

@@ -15,7 +15,10 @@ import argparse
 import re
 from pathlib import Path
 
+from runwatch.core.bounded import BoundedReadError, read_text
+
 MAX_TARGETS = 256
+MAX_WATCH_FILE_BYTES = 64 << 10  # 256 addresses with their comments
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$")
 
 
@@ -37,11 +40,12 @@ def watch_targets(text: str) -> list[str]:
     """HOST:PORT[,HOST:PORT...], or a file of them, one a line (# comments): argparse's `type=`."""
     path = Path(text)
     if ":" not in text or _is_file(path):
-        try:
-            lines = path.read_text().splitlines()
-        except (OSError, UnicodeDecodeError) as err:
-            reason = getattr(err, "strerror", None) or "not a text file"
-            problem = f"neither HOST:PORT[,...] nor a readable file ({reason})"
+        try:  # bounded: `--watch /dev/zero` ran out of memory, a FIFO blocked (issue 40, N24)
+            lines = read_text(path, "a file of addresses", MAX_WATCH_FILE_BYTES).splitlines()
+        except BoundedReadError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        except FileNotFoundError:
+            problem = "neither HOST:PORT[,...] nor a readable file (No such file or directory)"
             raise argparse.ArgumentTypeError(f"{text}: {problem}") from None
         found = [
             _address(line.split("#", 1)[0].strip(), f"{text}, line {n}: ")

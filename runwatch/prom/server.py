@@ -118,17 +118,19 @@ def listens(pid: int, port: int) -> bool:
     return False
 
 
-def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None) -> bool:
+def wait_ready(
+    url: str, timeout: float, proc: subprocess.Popen | None = None, auth: tuple[str, str] | None = None
+) -> bool:
     """Poll url until it answers 200 (from proc or a process it started, when given); False on
     timeout or if proc exits first. Another server that took proc's port answers too: that is
-    not proc ready, and proc exits when it cannot bind."""
+    not proc ready, and proc exits when it cannot bind. auth: basic auth, for a server that asks it."""
     port = urlsplit(url).port
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             return False
         try:
-            answered = requests.get(url, timeout=1).status_code == 200
+            answered = requests.get(url, timeout=1, auth=auth).status_code == 200
         except requests.RequestException:
             answered = False
         if answered and (proc is None or port is None or listens(proc.pid, port)):

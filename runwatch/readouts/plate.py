@@ -6,13 +6,12 @@ runwatch plate --run corrupt_shard-0-083113 --out plate.png
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import requests
 
 from runwatch.core.addresses import lab_url
-from runwatch.core.command import Command, UsageError, check_writable, number
+from runwatch.core.command import Command, UsageError, check_writable, number, read_json
 from runwatch.prom.server import PromQLError
 from runwatch.readouts.picture import collect, draw, latest_run
 
@@ -39,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         lab_json = args.state_dir / "lab.json"
         # a lab that watches a job of the user's (`up --watch`) records no run of its own: the newest
-        run_id = args.run or (json.loads(lab_json.read_text())["run_id"] if lab_json.exists() else None)
+        run_id = args.run or (read_json(lab_json, "the lab's record").get("run_id") if lab_json.exists() else None)
         run_id = run_id or latest_run(base)
         data = collect(base, run_id, args.since * 60)
     except PromQLError as err:

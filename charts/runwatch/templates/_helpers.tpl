@@ -81,3 +81,8 @@ readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
 {{- end -}}
+
+{{/* The Secret holding the pager's token (key `token`): pager.tokenSecret, else the chart's own. */}}
+{{- define "runwatch.pagerTokenSecret" -}}
+{{- .Values.pager.tokenSecret | default (printf "%s-pager-token" (include "runwatch.fullname" .)) -}}
+{{- end -}}
