@@ -35,6 +35,7 @@ import requests
 
 from runwatch.core.command import Command, UsageError, add_state_dir, check_writable, number, read_json
 from runwatch.core.files import write_atomic
+from runwatch.drill import coach
 from runwatch.lab import supervise as lab_mod
 from runwatch.oncall.pager import read_incidents, read_pages, received_time, time_to_ack
 from runwatch.prom.server import PromQLError, instant, quoted
@@ -340,6 +341,11 @@ def diagnose(args: argparse.Namespace) -> int:
             said = (record.get("diagnosis") or {}).get("incident", "before (see scoreboard.jsonl)")
             raise UsageError(f"drill {record['run_id']} was already diagnosed as {said}")
         grade = grade_drill(d, record, args.incident, args.step, args.rank)
+        earlier = scoreboard(d.lab.state / "scoreboard.jsonl")
+        # what the drill hid, for the console's plate, and the par its times are measured against
+        grade["revealed"] = coach.windows(d.answer(record), int(record.get("ranks") or 1))
+        par = coach.detection_par(grade["incident"], d.lab.layout)
+        grade["par_onset_to_first_page_s"] = par and par[0]
         at, onset_at = grade["diagnosed_at"], grade.pop("onset_at")
         record["diagnosis"] = {"incident": args.incident, "step": args.step, "rank": args.rank, "at": at,
                                "onset_at": onset_at}  # fmt: skip
@@ -348,6 +354,7 @@ def diagnose(args: argparse.Namespace) -> int:
         with open(d.lab.state / "scoreboard.jsonl", "a") as fh:
             fh.write(json.dumps(grade) + "\n")
     print(report(grade))
+    print("\n".join(coach.coaching(grade, earlier, par)))
     print(scoreboard_line(d.lab.state / "scoreboard.jsonl"))
     return 0
 

@@ -1,0 +1,117 @@
+"""Drills that coach (runwatch.drill.coach): the incident revealed once graded, par times read
+from the configuration, and the learner's times beside their own earlier drills.
+
+Unit: the windows follow the trainer's definition of each incident; the par moves when the
+configuration it reads moves; the console's plate reveals a drill's window only once drill.json
+holds its grade. E2E (a drill lab of its own): the console's /api/plate shades nothing in a
+drill until `runwatch diagnose`, then the sealed incident's window, and the grade prints its par.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import requests
+
+from runwatch.console.sources import Sources
+from runwatch.core.paths import REPO, Layout
+from runwatch.drill.coach import coaching, detection_par, windows
+from runwatch.trainer.config import TrainConfig
+
+
+@pytest.mark.parametrize(
+    "incident, length",
+    [("lr_spike", "lr_spike_steps"), ("corrupt_shard", "corrupt_steps"), ("repeated_batch", "repeat_steps")],
+)
+def test_the_revealed_window_is_the_incident_s_steps_from_its_onset(incident, length):
+    last = 271 + getattr(TrainConfig(), length) - 1
+    assert windows({"incident": incident, "onset": 271, "seed": 5, "run_id": "drill-1"}) == [[271, last]]
+
+
+def test_a_slow_node_runs_to_the_end_and_a_healthy_run_reveals_nothing():
+    assert windows({"incident": "slow_node", "onset": 333, "seed": 5}) == [[333, TrainConfig().steps - 1]]
+    assert windows({"incident": "none", "onset": 300, "seed": 5}) == []
+
+
+def test_an_answer_that_no_run_could_have_reveals_nothing_rather_than_failing_the_grade():
+    assert windows({"incident": "hang", "onset": 300, "seed": 5}, ranks=1) == []  # a fault needs ranks
+    assert windows({"incident": "lr_spike", "onset": "soon"}) == []
+    assert windows({"incident": "lr_spike"}) == []
+
+
+def copy_config(tmp_path):
+    for d in ("prometheus", "alertmanager"):
+        shutil.copytree(REPO / d, tmp_path / d)
+    return Layout(tmp_path)
+
+
+def test_the_detection_par_is_read_from_the_signatures_and_alertmanager_s_group_wait(tmp_path):
+    layout = copy_config(tmp_path)
+    assert detection_par("corrupt_shard", layout)[0] == 1.0  # at the onset; one 1 s evaluation; group_wait 0 s
+    slow, why = detection_par("slow_node", layout)
+    assert "ThroughputDrop" in why and "group_wait 5 s" in why
+    am = layout.alertmanager_yml
+    am.write_text(
+        am.read_text().replace(
+            "receiver: oncall-ticket\n      group_wait: 5s", "receiver: oncall-ticket\n      group_wait: 20s"
+        )
+    )
+    assert detection_par("slow_node", layout)[0] == pytest.approx(slow + 15)  # a warning's route waits longer
+    assert detection_par("corrupt_shard", layout)[0] == 1.0  # a page's route did not move
+    assert detection_par("none", layout) is None and detection_par("hang", layout) is None
+
+
+def test_the_grade_s_times_stand_beside_the_par_and_the_learner_s_earlier_drills():
+    grade = {"onset": 300, "onset_to_first_page_s": 1.4, "first_page_to_ack_s": 144.2,
+             "first_page_to_diagnosis_s": 200.0, "revealed": [[300, 329]]}  # fmt: skip
+    earlier = [{"first_page_to_ack_s": 60.0}, {"first_page_to_ack_s": 30.0}, {"first_page_to_ack_s": None}]
+    lines = coaching(grade, earlier, (1.0, "GradientNormJump by 0 steps after the onset"))
+    assert lines[0] == "onset -> first page: 1.4 s; par 1.0 s (GradientNormJump by 0 steps after the onset)"
+    assert lines[1] == "first page -> ack: 144.2 s; your best 30.0 s, median 45.0 s over 2 earlier"
+    assert lines[2] == "first page -> diagnosis: 200.0 s; your first timed drill"
+    assert "steps 300-329" in lines[3]
+    healthy = coaching({"onset": None, "onset_to_first_page_s": None}, [], None)
+    assert healthy == ["par: none for this incident (a healthy run pages nothing; a fault strikes after the onset)"]
+
+
+def test_the_console_reveals_a_drill_s_window_only_once_it_is_graded(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    sources = Sources("http://127.0.0.1:1", "http://127.0.0.1:1", "http://127.0.0.1:1", state_dir=state)
+    record = {"run_id": "drill-1", "started_at": 0, "acks": [], "diagnosis": None, "ranks": 1}
+    (state / "drill.json").write_text(json.dumps(record))
+    assert sources.revealed("drill-1") == []  # hidden while the learner works
+    record["grade"] = {"revealed": [[287, 291]]}
+    (state / "drill.json").write_text(json.dumps(record))
+    assert sources.revealed("drill-1") == [[287, 291]]
+    assert sources.revealed("another-run") == []
+    record["grade"] = {"revealed": [[287, "291"], "x", [1]]}  # hand-edited: nothing drawn from it
+    (state / "drill.json").write_text(json.dumps(record))
+    assert sources.revealed("drill-1") == []
+
+
+@pytest.mark.e2e  # a drill lab of its own, diagnosed at once: about 15 s
+def test_a_graded_drill_reveals_its_window_on_the_console_s_plate(lab_state, tmp_path):
+    from runwatch.core.addresses import lab_url
+    from runwatch.lab.supervise import Lab
+    from runwatch.trainer.sealed import unseal
+    from tests.conftest import runwatch, wait_for
+    from tests.test_drill_e2e import drill
+
+    run_id = drill(tmp_path, lab_state, seed=516)  # the tests' key: a corrupt shard from step 247
+    console = lab_url(lab_state, "console")
+
+    def plate() -> dict:
+        resp = requests.get(f"{console}/api/plate", params={"run": run_id}, timeout=10)
+        return resp.json() if resp.status_code == 200 else {}
+
+    # the console knows the run as a drill from its first scrape (run_info's incident="hidden")
+    wait_for(lambda: plate().get("drill"), 30, "the console to know the drill's run")
+    assert plate()["incident"] == []
+    res = runwatch("diagnose", "corrupt_shard", "--step", "247", "--state-dir", str(lab_state), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "CORRECT" in res.stdout and "par " in res.stdout, res.stdout
+    truth = unseal(Lab(lab_state).sealed_answer(run_id))  # where the onset went, were it moved
+    assert plate()["incident"] == [[truth["onset"], truth["onset"] + TrainConfig().corrupt_steps - 1]]
