@@ -47,6 +47,11 @@ MAX_LR = 10.0
 
 # A drill's onset is drawn from this range, so "it's always step 300" is no shortcut.
 DRILL_ONSET_RANGE = (240, 360)
+# A healthy drill is minutes of waiting with nothing to do (issue 38: three of a learner's first
+# four drills were healthy, the draw being uniform over five). It stays a possible answer, so
+# that "none" is never ruled out, but half of its draws are drawn again among the incidents:
+# one drill in ten is healthy.
+HEALTHY_REDRAWN = 0.5
 
 
 # Llama 3's unexpected interruptions over 54 days on 16,384 GPUs (Table 5, the shares as printed),
@@ -69,6 +74,8 @@ def draw_drill(rng: random.Random, cluster: bool = False) -> dict:
         incident = rng.choices(list(LLAMA3_SHARES), weights=list(LLAMA3_SHARES.values()))[0]
     else:
         incident = rng.choice(INCIDENTS)
+        if incident == "none" and rng.random() < HEALTHY_REDRAWN:  # an incident's draw takes no coin
+            incident = rng.choice(INCIDENTS[1:])
     onset = rng.randint(*DRILL_ONSET_RANGE)
     return {"incident": incident, "onset": onset, "seed": rng.randint(0, MAX_SEED)}
 
