@@ -145,6 +145,12 @@ class Lab:
     state: Path
     run: str  # the lab's run, "" with no lab
     tmp: Path
+    prometheus: str = ""  # default: the lab's, from its state directory
+    pager: str = ""
+
+    def url(self, component: str) -> str:
+        given = {"prometheus": self.prometheus, "pager": self.pager}[component]
+        return (given or lab_url(self.state, component)).rstrip("/")
 
     def expand(self, text: str) -> str:
         return text.replace("$RUN", self.run).replace("$STATE", str(self.state)).replace("$TMP", str(self.tmp))
@@ -172,7 +178,7 @@ def check(step: Step, lab: Lab) -> tuple[bool, str]:
 
 
 def check_promql(expr: str, lab: Lab) -> tuple[bool, str]:
-    prometheus = lab_url(lab.state, "prometheus")
+    prometheus = lab.url("prometheus")
     try:
         found = instant(prometheus, expr, timeout=TIMEOUT_S)
     except PromQLError as err:
@@ -183,7 +189,7 @@ def check_promql(expr: str, lab: Lab) -> tuple[bool, str]:
 
 
 def check_pager(step: Step, lab: Lab) -> tuple[bool, str]:
-    pager, run = lab_url(lab.state, "pager"), lab.expand(step.run)
+    pager, run = lab.url("pager"), lab.expand(step.run)
     try:
         resp = requests.get(f"{pager}/api/incidents", timeout=TIMEOUT_S)
         resp.raise_for_status()
@@ -253,6 +259,9 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     add_state_dir(p)
     p.add_argument("--tmp-dir", type=Path, default=Path("/tmp"), help="where the guide's commands write ($TMP: /tmp)")
     p.add_argument("--root", type=Path, default=None, help="the checkout whose docs/lab-guide.md to read")
+    p.add_argument("--prometheus", default="", metavar="URL", help="the lab's Prometheus (default: from its state dir)")
+    p.add_argument("--pager", default="", metavar="URL", help="the lab's pager (default: from its state dir)")
+    p.add_argument("--json", action="store_true", help="print JSON (the console's Lessons page reads it)")
     return run
 
 
@@ -261,48 +270,66 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "list":
         if args.number is not None:
             raise UsageError(f"lesson list takes no number (to check one: runwatch lesson check {args.number})")
-        return list_lessons(lessons, args.state_dir)
+        return list_lessons(lessons, args.state_dir, args.json)
     if args.number is None:
         raise UsageError(f"lesson check: which lesson? a number from 1 to {len(lessons)}")
     if not 1 <= args.number <= len(lessons):
         raise UsageError(f"lesson check: no lesson {args.number}; the lab guide has lessons 1 to {len(lessons)}")
     meta = args.state_dir / "lab.json"
     run_id = str(read_json(meta, "the lab's record").get("run_id") or "") if meta.exists() else ""
-    lab = Lab(args.state_dir.absolute(), run_id, args.tmp_dir)
-    return check_lesson(lessons[args.number - 1], len(lessons), lab)
+    lab = Lab(args.state_dir.absolute(), run_id, args.tmp_dir, args.prometheus, args.pager)
+    return check_lesson(lessons[args.number - 1], len(lessons), lab, args.json)
 
 
-def check_lesson(lesson: Lesson, total: int, lab: Lab) -> int:
-    print(f"lesson {lesson.number} of {total}: {lesson.title}")
-    done = []
+def results(lesson: Lesson, lab: Lab) -> list[dict]:
+    """Each step of the lesson checked now: its objective, OK or not, what it asks, what it found."""
+    out = []
     for i, step in enumerate(lesson.steps, 1):
         ok, found = check(step, lab)
-        print(f"  {'OK' if ok else 'NO'}  {i}. {step.text}")
-        if ok:
-            done.append(i)
-            continue
-        print(f"        checks: {describe(step, lab)}")
-        print(f"        found:  {found}")
-        print(f"        hint:   {step.hint}")
+        out.append({"step": i, "text": step.text, "ok": ok, "checks": describe(step, lab), "found": found,
+                    "hint": step.hint})  # fmt: skip
+    return out
+
+
+def check_lesson(lesson: Lesson, total: int, lab: Lab, as_json: bool = False) -> int:
+    steps = results(lesson, lab)
+    done = [s["step"] for s in steps if s["ok"]]
     ever = record_progress(lab.state, lesson.number, done)
+    if as_json:
+        print(json.dumps({"lesson": lesson.number, "of": total, "title": lesson.title, "steps": steps,
+                          "done_ever": ever}), flush=True)  # fmt: skip
+        return 0 if len(done) == len(steps) else 1
+    print(f"lesson {lesson.number} of {total}: {lesson.title}")
+    for s in steps:
+        print(f"  {'OK' if s['ok'] else 'NO'}  {s['step']}. {s['text']}")
+        if not s["ok"]:
+            print(f"        checks: {s['checks']}\n        found:  {s['found']}\n        hint:   {s['hint']}")
     before = f" ({len(ever)} done at some time, kept in {progress_path(lab.state)})" if len(ever) > len(done) else ""
-    print(f"{len(done)} of {len(lesson.steps)} steps done{before}", flush=True)
-    return 0 if len(done) == len(lesson.steps) else 1
+    print(f"{len(done)} of {len(steps)} steps done{before}", flush=True)
+    return 0 if len(done) == len(steps) else 1
 
 
-def list_lessons(lessons: list[Lesson], state: Path) -> int:
+def progress(lessons: list[Lesson], state: Path) -> dict:
+    """Every lesson with the steps ever done, and the next step to do (None once all are)."""
     done = read_progress(state)
-    upnext = None
-    for lesson in lessons:
-        steps = done.get(str(lesson.number), [])
-        print(f"lesson {lesson.number} of {len(lessons)}  {len(steps)}/{len(lesson.steps)} steps  {lesson.title}")
-        missing = [i for i in range(1, len(lesson.steps) + 1) if i not in steps]
-        if upnext is None and missing:
-            upnext = (lesson, missing[0])
+    rows = [{"lesson": x.number, "title": x.title, "steps": [s.text for s in x.steps],
+             "done": done.get(str(x.number), [])} for x in lessons]  # fmt: skip
+    todo = [(r, i) for r in rows for i in range(1, len(r["steps"]) + 1) if i not in r["done"]]
+    upnext = {"lesson": todo[0][0]["lesson"], "step": todo[0][1], "text": todo[0][0]["steps"][todo[0][1] - 1]}
+    return {"lessons": rows, "next": upnext if todo else None}
+
+
+def list_lessons(lessons: list[Lesson], state: Path, as_json: bool = False) -> int:
+    found = progress(lessons, state)
+    if as_json:
+        print(json.dumps(found), flush=True)
+        return 0
+    for r in found["lessons"]:
+        print(f"lesson {r['lesson']} of {len(lessons)}  {len(r['done'])}/{len(r['steps'])} steps  {r['title']}")
+    upnext = found["next"]
     if upnext is None:
-        print("every lesson done")
+        print("every lesson done", flush=True)
     else:
-        lesson, step = upnext
-        print(f"next: lesson {lesson.number}, step {step}: {lesson.steps[step - 1].text} "
-              f"(runwatch lesson check {lesson.number})", flush=True)  # fmt: skip
+        print(f"next: lesson {upnext['lesson']}, step {upnext['step']}: {upnext['text']} "
+              f"(runwatch lesson check {upnext['lesson']})", flush=True)  # fmt: skip
     return 0

@@ -173,3 +173,101 @@ def test_each_step_turns_ok_only_after_the_action_it_asks_for(lab_factory, tmp_p
     listed = runwatch("lesson", "--state-dir", str(lab.state), cwd=lab.cwd).stdout
     assert "lesson 1 of 7  3/4 steps" in listed and "lesson 2 of 7  2/4 steps" in listed, listed
     assert "next: lesson 1, step 4: you trained the slow-node run offline" in listed, listed
+
+
+@pytest.mark.e2e
+@pytest.mark.slow  # a lab of its own for about a minute, in Chromium
+def test_a_learner_does_lesson_2_s_live_steps_through_the_console_alone(lab_factory, tab):
+    """The console's Lessons page runs the same checks: NO before the page, OK for the page and NO
+    for the ack until the learner presses Ack on the incident, OK after; the table counts them."""
+    from tests.conftest import wait_for
+    from tests.test_lab_e2e import NEAR_ONSET, firing_in_prometheus, group_interval_s
+
+    lab = lab_factory(*NEAR_ONSET).wait()
+    console = lab.url("console")
+
+    def checked() -> list[str]:
+        tab.goto(f"{console}/lessons")
+        tab.click('tr[data-lesson="2"] button.check')
+        tab.wait_for_selector('#checked[data-lesson="2"]')
+        return [tab.inner_text(f'#checked li[data-step="{i}"] .verdict') for i in (1, 2)]
+
+    assert checked() == ["NO", "NO"]
+    assert tab.inner_text("#next") == "lesson 1 of 7, step 1"  # nothing done yet: the guide's first step
+    assert "ALERTS{" in tab.inner_text('#checked li[data-step="1"]')  # the check is shown, as the learner can run it
+    onset_s = 300 - int(NEAR_ONSET[NEAR_ONSET.index("--fast-forward") + 1])
+    for alert in ("TrainingLossJump", "GradientNormJump"):
+        wait_for(lambda a=alert: firing_in_prometheus(lab, a, lab.run_id), 2 * onset_s + group_interval_s(lab), alert)
+    assert checked() == ["OK", "NO"]
+    tab.goto(f"{console}/?run={lab.run_id}")
+    tab.wait_for_selector('li.incident[data-alert="TrainingLossJump"] button.ack', timeout=30_000).click()
+    tab.fill("#ack-comment", "loss 20x and gradient norm 5x at once: bad data?")
+    tab.click("#ack-submit")
+    assert "acknowledged TrainingLossJump" in tab.wait_for_selector("#notice").inner_text()
+    assert checked() == ["OK", "OK"]
+    assert tab.inner_text('tr[data-lesson="2"] .done') == "2 of 4"
+
+
+@pytest.mark.integration
+def test_the_console_s_lessons_page_checks_with_its_token_against_a_real_pager(tmp_path):
+    """`runwatch console` over HTTP, with a real pager holding a corrupt shard's page and no
+    Prometheus: the page lists the lessons; Check is refused without the console's token; with it,
+    lesson 2's ack step is NO until the pager records an ack, then OK, and the page says so."""
+    import re
+    import subprocess
+    import sys
+    import threading
+
+    import requests
+    from prometheus_client import CollectorRegistry
+
+    from runwatch.oncall.follow import DEFAULT_RUNBOOKS
+    from runwatch.oncall.pager import make_server
+    from runwatch.prom.server import free_port, wait_ready
+
+    page = {"received_at": "2026-01-01T00:00:01.000Z", "alert": "TrainingLossJump", "status": "firing",
+            "run_id": "corrupt_shard-0-120000", "step": "300", "summary": "s", "description": "d",
+            "severity": "page"}  # fmt: skip
+    (tmp_path / "pages.jsonl").write_text(json.dumps(page) + "\n")
+    pager = make_server(
+        "127.0.0.1", 0, tmp_path / "pages.jsonl", registry=CollectorRegistry(), runbooks=DEFAULT_RUNBOOKS
+    )
+    threading.Thread(target=pager.serve_forever, daemon=True).start()
+    pager_url, nowhere, port = (
+        f"http://127.0.0.1:{pager.server_address[1]}",
+        f"http://127.0.0.1:{free_port()}",
+        free_port(),
+    )
+    (tmp_path / "state").mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "console", "--port", str(port), "--prometheus", nowhere, "--alertmanager",
+         nowhere, "--pager", pager_url, "--state-dir", str(tmp_path / "state")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_ready(f"{base}/-/ready", 30, proc), proc.stderr.read()
+        listed = requests.get(f"{base}/lessons", timeout=60).text
+        assert listed.count('<tr data-lesson="') == 7 and "lesson 1 of 7, step 1" in listed, listed
+        token = re.search(r'name="token" value="([^"]+)"', listed)[1]
+        assert requests.post(f"{base}/lessons/check", data={"lesson": "2"}, timeout=60).status_code == 403
+
+        def step2() -> str:
+            text = requests.post(f"{base}/lessons/check", data={"lesson": "2", "token": token}, timeout=60).text
+            return re.search(r'data-step="2">\s*<b class="verdict">(OK|NO)</b>', text)[1]
+
+        assert step2() == "NO"
+        ack = {
+            "alert": "TrainingLossJump",
+            "run_id": page["run_id"],
+            "comment": "bad data?",
+            "by": "ada",
+            "ack_id": "1",
+        }
+        assert requests.post(f"{pager_url}/api/ack", json=ack, timeout=10).status_code == 200
+        assert step2() == "OK"
+        assert json.loads((tmp_path / "state" / "lessons.json").read_text())["done"]["2"] == [2]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        pager.shutdown()
