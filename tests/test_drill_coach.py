@@ -115,3 +115,97 @@ def test_a_graded_drill_reveals_its_window_on_the_console_s_plate(lab_state, tmp
     assert "CORRECT" in res.stdout and "par " in res.stdout, res.stdout
     truth = unseal(Lab(lab_state).sealed_answer(run_id))  # where the onset went, were it moved
     assert plate()["incident"] == [[truth["onset"], truth["onset"] + TrainConfig().corrupt_steps - 1]]
+
+
+def test_a_normal_drill_draws_as_before_easy_never_a_healthy_run_hard_weaker_and_wider():
+    import random
+
+    from runwatch.trainer.config import DRILL_ONSET_RANGE, HARD_ONSET_RANGE, SCALED_INCIDENTS, draw_drill
+
+    # the tests' keyed seeds (tests/test_drill_e2e.py) draw what they always drew
+    assert draw_drill(random.Random("runwatch-tests:516")) == {"incident": "corrupt_shard", "onset": 247,
+                                                               "seed": 1456676160}  # fmt: skip
+    assert draw_drill(random.Random("runwatch-tests:42"))["incident"] == "none"
+    rng = random.Random(38)
+    assert "none" not in {draw_drill(rng, difficulty="easy")["incident"] for _ in range(2000)}
+    hard = [draw_drill(rng, difficulty="hard") for _ in range(2000)]
+    onsets = [d["onset"] for d in hard]
+    assert HARD_ONSET_RANGE[0] <= min(onsets) < DRILL_ONSET_RANGE[0] and DRILL_ONSET_RANGE[1] < max(onsets) <= 450
+    strengths = [d["strength"] for d in hard if "strength" in d]
+    assert all(d["incident"] in SCALED_INCIDENTS for d in hard if "strength" in d)
+    assert len(strengths) > 1500 and 0.3 <= min(strengths) < 0.35 and 0.95 < max(strengths) <= 1.0
+    assert not [d for d in hard if d["incident"] in SCALED_INCIDENTS and "strength" not in d]
+
+
+@pytest.mark.integration
+def test_a_hard_drill_s_sealed_strength_is_the_weaker_incident_the_trainer_runs(tmp_path):
+    """The sealed answer's strength reaches the trainer: bit for bit the public run of that
+    strength, while run.json shows none of it; a strength out of range is one line."""
+    from runwatch.trainer.sealed import seal
+    from tests.conftest import runwatch
+
+    seal(
+        tmp_path / "ans.sealed", {"incident": "lr_spike", "onset": 280, "seed": 9, "run_id": "drill-1", "strength": 0.4}
+    )
+    sealed = ("--incident", "random", "--sealed-answer", str(tmp_path / "ans.sealed"))
+    res = runwatch("train", "--offline", *sealed, "--out", "a.om", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    res = runwatch("train", "--offline", "--incident", "lr_spike:0.4", "--seed", "9", "--onset", "280", "--out", "b.om",
+                   cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+
+    def losses(name: str) -> list[str]:
+        lines = (tmp_path / name).read_text().splitlines()
+        return [line.split(" ", 1)[1] for line in lines if line.startswith("runwatch_train_loss{")]
+
+    assert losses("a.om") == losses("b.om") and len(losses("a.om")) == 600
+    from runwatch.train import hidden
+
+    assert hidden(TrainConfig(incident="lr_spike", strength=0.4, drill=True)).strength == 1.0  # run.json shows no 0.4
+    seal(tmp_path / "bad.sealed", {"incident": "lr_spike", "onset": 280, "seed": 9, "strength": 3})
+    res = runwatch("train", "--offline", "--incident", "random", "--sealed-answer", str(tmp_path / "bad.sealed"),
+                   "--out", "c.om", cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 2 and "holds a strength out of (0, 1]" in res.stderr and res.stderr.count("\n") == 1
+    assert not (tmp_path / "c.om").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "args, names",
+    [(["--difficulty", "extreme"], "argument --difficulty: invalid choice: 'extreme'"),
+     (["--difficulty", "hard", "--fast-forward", "150"], "--fast-forward: must be below 150, the earliest onset")],
+)  # fmt: skip
+def test_a_drill_s_difficulty_refuses_bad_input_in_one_line(tmp_path, args, names):
+    from tests.conftest import runwatch
+
+    res = runwatch("drill", *args, "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
+    assert res.returncode == 2 and names in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.e2e  # a hard drill lab of its own, diagnosed at once: about 15 s
+def test_a_hard_drill_hides_a_weaker_incident_and_its_grade_names_the_strength(lab_state, tmp_path):
+    from runwatch.core.addresses import lab_url
+    from tests.conftest import runwatch, wait_for
+    from tests.test_drill_e2e import DRILL_KEY
+
+    lab_state.mkdir(parents=True)
+    (lab_state / "drill.key").write_text(DRILL_KEY + "\n")  # with it, hard seed 5: lr_spike at 0.731 from step 196
+    res = runwatch("drill", "--difficulty", "hard", "--seed", "5", "--fast-forward", "100", "--ports", "free",
+                   "--state-dir", str(lab_state), cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0 and "started (hard): something may go wrong between steps 150 and 450" in res.stdout
+    record = json.loads((lab_state / "drill.json").read_text())
+    assert record["difficulty"] == "hard"
+    run_json = json.loads((lab_state / "runs" / record["run_id"] / "run.json").read_text())
+    assert run_json["config"]["strength"] == 1.0 and run_json["config"]["incident"] == "hidden"
+    res = runwatch("diagnose", "lr_spike", "--step", "196", "--state-dir", str(lab_state), cwd=tmp_path)
+    assert res.stdout.startswith("CORRECT: you said lr_spike; it was lr_spike at strength 0.731 from step 196."), res
+    console = lab_url(lab_state, "console")
+
+    def plate() -> dict:
+        resp = requests.get(f"{console}/api/plate", params={"run": record["run_id"]}, timeout=10)
+        return resp.json() if resp.status_code == 200 else {}
+
+    # the plate is drawn from the run's first scrape, which the fast-forward of 100 steps precedes
+    wait_for(lambda: plate().get("drill"), 30, "the console to draw the drill's plate")
+    assert plate()["incident"] == [[196, 196 + TrainConfig().lr_spike_steps - 1]]

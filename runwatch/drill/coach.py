@@ -43,7 +43,8 @@ def windows(answer: dict, ranks: int = 1) -> list[list[int]]:
         return []
     try:
         cfg = TrainConfig(incident=answer["incident"], onset=int(answer["onset"]), seed=int(answer.get("seed", 0)),
-                          ranks=ranks, run_id=str(answer.get("run_id", "drill")))  # fmt: skip
+                          ranks=ranks, run_id=str(answer.get("run_id", "drill")),
+                          strength=float(answer.get("strength", 1.0)))  # fmt: skip
         cfg.validate()
     except (KeyError, TypeError, ValueError, ConfigError):  # an answer of another shape: reveal nothing
         return []

@@ -40,7 +40,7 @@ from runwatch.lab import supervise as lab_mod
 from runwatch.oncall.pager import read_incidents, read_pages, received_time, time_to_ack
 from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.readouts import picture as plate
-from runwatch.trainer.config import CLUSTER_INCIDENTS, DRILL_ONSET_RANGE, INCIDENTS, MAX_RANKS, SEED, STEP
+from runwatch.trainer.config import CLUSTER_INCIDENTS, DIFFICULTIES, INCIDENTS, MAX_RANKS, SEED, STEP, onset_range
 from runwatch.trainer.sealed import unseal
 
 MAX_SILENCE_MINUTES = 7 * 24 * 60
@@ -103,20 +103,25 @@ def drill(args: argparse.Namespace) -> int:
         running = [n for n, r in d.lab.records().items() if d.lab.alive(r)]
         if running:
             raise UsageError(f"a drill is already running in {d.lab.state}: `runwatch diagnose` it, or `runwatch down`")
-    if args.fast_forward >= DRILL_ONSET_RANGE[0]:
+    first, last = onset_range(args.difficulty)
+    if args.fast_forward >= first:
         raise UsageError(
-            f"--fast-forward: must be below {DRILL_ONSET_RANGE[0]}, the earliest drill onset, got {args.fast_forward}"
+            f"--fast-forward: must be below {first}, the earliest onset of a {args.difficulty} drill, "
+            f"got {args.fast_forward}"
         )
     up_args = argparse.Namespace(
         state_dir=args.state_dir, incident="random", seed=args.seed if args.seed is not None else 0, onset=None,
         fast_forward=args.fast_forward, control=False, detach=True, drill_seed=args.seed, root=None, precision="fp64",
         ranks=args.ranks, ports=args.ports, no_wait_for_prometheus=False,  # a drill's incident must be seen
+        difficulty=args.difficulty,
     )  # fmt: skip
     lab_mod.up(up_args)
     run_id = json.loads((d.lab.state / "lab.json").read_text())["run_id"]
-    d.save({"run_id": run_id, "started_at": _now(), "acks": [], "diagnosis": None, "ranks": args.ranks})
-    print(f"drill {run_id} started: something may go wrong between steps {DRILL_ONSET_RANGE[0]} and "
-          f"{DRILL_ONSET_RANGE[1]}, or nothing at all.")  # fmt: skip
+    d.save({"run_id": run_id, "started_at": _now(), "acks": [], "diagnosis": None, "ranks": args.ranks,
+            "difficulty": args.difficulty})  # fmt: skip
+    healthy = "" if args.difficulty == "easy" else ", or nothing at all"
+    print(f"drill {run_id} started ({args.difficulty}): something may go wrong between steps {first} and "
+          f"{last}{healthy}.")  # fmt: skip
     print("watch `runwatch pager --follow`; then `runwatch ack ALERT`, `runwatch diagnose INCIDENT`")
     return 0
 
@@ -376,6 +381,7 @@ def grade_drill(d: Drill, record: dict, diagnosed: str, step: int | None, rank: 
         "run_id": record["run_id"],
         "incident": truth["incident"],
         "onset": None if healthy else truth["onset"],
+        "strength": truth.get("strength"),  # a hard drill's weaker incident (None: the plate's)
         "diagnosed": diagnosed,
         "correct": diagnosed == truth["incident"],
         "false_incident": healthy and diagnosed != "none",
@@ -395,7 +401,8 @@ def grade_drill(d: Drill, record: dict, diagnosed: str, step: int | None, rank: 
 
 def report(g: dict) -> str:
     verdict = "CORRECT" if g["correct"] else "WRONG"
-    truth = g["incident"] + ("" if g["onset"] is None else f" from step {g['onset']}")
+    strength = f" at strength {g['strength']}" if g.get("strength") is not None else ""
+    truth = g["incident"] + strength + ("" if g["onset"] is None else f" from step {g['onset']}")
     lines = [f"{verdict}: you said {g['diagnosed']}; it was {truth}."]
     if g["false_incident"]:
         lines.append("The run was healthy: declaring an incident here is a false alarm of your own.")
@@ -578,6 +585,11 @@ def add_drill(p: argparse.ArgumentParser) -> Command:
     p.add_argument(
         "--ranks", type=number(int, 1, MAX_RANKS), default=1,
         help="train over N ranks: half the drills then hide a cluster incident, drawn by Llama 3's shares",
+    )  # fmt: skip
+    p.add_argument(
+        "--difficulty", choices=DIFFICULTIES, default="normal",
+        help="easy: never a healthy run; normal: a healthy run one drill in ten; "
+        "hard: weaker incidents (strength 0.3-1), an onset anywhere in 150-450",
     )  # fmt: skip
     lab_mod.add_ports(p)
     return drill
