@@ -115,6 +115,8 @@ def test_a_graded_drill_reveals_its_window_on_the_console_s_plate(lab_state, tmp
     assert "CORRECT" in res.stdout and "par " in res.stdout, res.stdout
     truth = unseal(Lab(lab_state).sealed_answer(run_id))  # where the onset went, were it moved
     assert plate()["incident"] == [[truth["onset"], truth["onset"] + TrainConfig().corrupt_steps - 1]]
+    row = requests.get(f"{console}/drills", timeout=10).text  # the console's history of drills
+    assert f'data-run="{run_id}" class="ok"' in row and "1/1 diagnosed correctly" in row
 
 
 def test_a_normal_drill_draws_as_before_easy_never_a_healthy_run_hard_weaker_and_wider():
@@ -209,3 +211,40 @@ def test_a_hard_drill_hides_a_weaker_incident_and_its_grade_names_the_strength(l
     # the plate is drawn from the run's first scrape, which the fast-forward of 100 steps precedes
     wait_for(lambda: plate().get("drill"), 30, "the console to draw the drill's plate")
     assert plate()["incident"] == [[196, 196 + TrainConfig().lr_spike_steps - 1]]
+
+
+@pytest.mark.integration
+def test_the_console_s_drills_page_lists_the_graded_drills_newest_first(tmp_path):
+    """`runwatch console` over HTTP with a state directory's scoreboard: each grade a row, newest
+    first, with its par and the best of each time marked; a torn line is left out, page text is
+    escaped; without a state directory (compose's console) the page says none is graded."""
+    import subprocess
+    import sys
+
+    from runwatch.prom.server import free_port, wait_ready
+
+    first = {"run_id": "drill-1", "incident": "corrupt_shard", "onset": 247, "diagnosed": "corrupt_shard",
+             "correct": True, "onset_to_first_page_s": 1.1, "par_onset_to_first_page_s": 1.0,
+             "first_page_to_ack_s": 40.0, "first_page_to_diagnosis_s": 90.0}  # fmt: skip
+    second = {**first, "run_id": "drill-<b>2</b>", "incident": "lr_spike", "strength": 0.731, "diagnosed": "none",
+              "correct": False, "first_page_to_ack_s": 144.2, "first_page_to_diagnosis_s": 60.0}  # fmt: skip
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "scoreboard.jsonl").write_text(
+        json.dumps(first) + "\n" + '{"run_id": "torn' + "\n" + json.dumps(second) + "\n"
+    )
+    nowhere, port = f"http://127.0.0.1:{free_port()}", free_port()
+    argv = [sys.executable, "-m", "runwatch", "console", "--port", str(port), "--prometheus", nowhere,
+            "--alertmanager", nowhere, "--pager", nowhere, "--state-dir", str(state)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_ready(f"http://127.0.0.1:{port}/-/ready", 30, proc), proc.stderr.read()
+        page = requests.get(f"http://127.0.0.1:{port}/drills", timeout=10).text
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert "1/2 diagnosed correctly" in page and "torn" not in page
+    assert page.index('data-run="drill-&lt;b&gt;2&lt;/b&gt;"') < page.index('data-run="drill-1"')  # newest first
+    assert "lr_spike at 0.731 from step 247" in page and "<b>2</b>" not in page
+    assert "40.0 s best" in page and "144.2 s</td>" in page and "60.0 s best" in page
+    assert "1.1 s (1.0 s)" in page
