@@ -271,3 +271,48 @@ def test_the_console_s_lessons_page_checks_with_its_token_against_a_real_pager(t
         proc.terminate()
         proc.wait(10)
         pager.shutdown()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow  # a drill of its own for about a minute, in Chromium
+def test_a_learner_does_the_on_call_lesson_in_the_console_each_step_after_its_action(lab_state, tmp_path, tab):
+    """Practise on-call (lesson 6) on the drill of seed 516 (a corrupt shard from step 247): once
+    the drill runs, every further step reads NO until the learner does it in the console (the
+    page comes, Ack, Diagnose, Write the postmortem), then OK."""
+    from runwatch.core.addresses import lab_url
+    from tests.test_drill_e2e import drill
+    from tests.test_oncall_e2e import PAGE_WITHIN_S
+
+    drill(tmp_path, lab_state, 516)
+    console = lab_url(lab_state, "console")
+
+    def checked() -> list[str]:
+        tab.goto(f"{console}/lessons")
+        tab.click('tr[data-lesson="6"] button.check')
+        tab.wait_for_selector('#checked[data-lesson="6"]')
+        return [tab.inner_text(f'#checked li[data-step="{i}"] .verdict') for i in range(1, 6)]
+
+    tab.goto(f"{console}/")
+    assert checked()[1:] == ["NO", "NO", "NO", "NO"]  # the drill's first scrape may still be coming
+    tab.goto(f"{console}/")
+    button = tab.wait_for_selector(
+        'li.incident[data-alert="TrainingLossJump"] button.ack', timeout=PAGE_WITHIN_S * 1000
+    )
+    assert checked() == ["OK", "OK", "NO", "NO", "NO"]
+    tab.goto(f"{console}/")
+    button = tab.wait_for_selector('li.incident[data-alert="TrainingLossJump"] button.ack')
+    button.click()
+    tab.fill("#ack-comment", "loss 20x and gradient norm 5x at once: bad data?")
+    tab.click("#ack-submit")
+    tab.wait_for_selector("#notice")
+    assert checked() == ["OK", "OK", "OK", "NO", "NO"]
+    tab.goto(f"{console}/")
+    tab.select_option("#diagnose-incident", "corrupt_shard")
+    tab.click("#diagnose-submit")
+    assert tab.wait_for_selector("#notice").inner_text().startswith("CORRECT")
+    assert checked() == ["OK", "OK", "OK", "OK", "NO"]
+    tab.goto(f"{console}/")
+    tab.click("#postmortem-submit")
+    tab.wait_for_selector("article.postmortem h2")
+    assert checked() == ["OK", "OK", "OK", "OK", "OK"]
+    assert "lesson 1 of 7, step 1" in tab.inner_text("#next")  # lesson 6 done; lesson 1 not begun
