@@ -25,10 +25,12 @@ import re
 import statistics
 from pathlib import Path
 
+import requests
 import yaml
 
 from runwatch.backtest.signatures import CLUSTER_SIGNATURES, SIGNATURES
 from runwatch.core.paths import Layout
+from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.trainer.config import ConfigError, TrainConfig
 from runwatch.trainer.run import incident_active
 
@@ -101,6 +103,24 @@ def detection_par(incident: str, layout: Layout | None = None) -> tuple[float, s
     par = round((hi - onset) * step_s + evaluation + wait, 1)
     why = f"{alert} by {hi - onset} steps after the onset, one {evaluation:g} s evaluation, group_wait {wait:g} s"
     return par, why
+
+
+def first_firings(prometheus: str, run_id: str, start: float, end: float) -> list[tuple[float, str]]:
+    """(when, alert) for each of the run's alerts, at the first sample of Prometheus's own ALERTS
+    holding it firing between start and end (its raw samples, stamped at the rule evaluation that
+    fired it): the postmortem's "fired in Prometheus" events, between the onset and the page.
+    None if Prometheus does not answer (the timeline goes without them)."""
+    selector = f'ALERTS{{run_id="{quoted(run_id)}",alertstate="firing"}}[{max(1, int(end - start) + 1)}s]'
+    try:
+        found = instant(prometheus, selector, end)
+    except (requests.RequestException, PromQLError):
+        return []
+    first: dict[str, float] = {}
+    for series in found:
+        alert, values = series["metric"].get("alertname", ""), series.get("values") or []
+        if values:
+            first[alert] = min(first.get(alert, float(values[0][0])), float(values[0][0]))
+    return sorted((t, alert) for alert, t in first.items())
 
 
 def _earlier(earlier: list[dict], key: str) -> str:

@@ -472,13 +472,16 @@ def postmortem(args: argparse.Namespace) -> int:
 
 
 def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
-    """The drill's events, oldest first: start, onset, pages, acks, diagnosis, the run's end."""
+    """The drill's events, oldest first: start, onset, each alert's first firing, pages, acks,
+    diagnosis, the run's end."""
     run_id = record["run_id"]
     events = [(record["started_at"], "Drill started (lab up, trainer running)")]
     if record["diagnosis"].get("onset_at"):
         events.append(
             (record["diagnosis"]["onset_at"], f"Incident began: {grade['incident']} at step {grade['onset']}")
         )
+    fired = coach.first_firings(d.lab.url("prometheus"), run_id, record["started_at"], record["diagnosis"]["at"])
+    events += [(t, f"Fired in Prometheus: {alert} (its rule, before Alertmanager pages it)") for t, alert in fired]
     for p in read_pages(d.lab.page_log):
         if p.get("run_id") == run_id and _t(p) is not None:
             what = "Page" if p.get("status") == "firing" else "Resolved"
