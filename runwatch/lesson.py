@@ -10,7 +10,9 @@ whether an alert should fire; it asks one of three things:
 - `pager: paged` or `pager: acknowledged` (with `alert:` and `run:`, a glob, if given): the
   pager holds such an incident, by its `/api/incidents`;
 - `file: PATH` (or a list of paths, any one will do), with `contains: TEXT` if given: what a
-  command of the exercise wrote.
+  command of the exercise wrote;
+- `promtool: DIR`: promtool's verdict, `promtool check rules` passes on every DIR/*.yml (a
+  learner's edited copy of the rules).
 
 `$RUN` in a check is the lab's run (its lab.json), `$STATE` its state directory, `$TMP` the folder
 the guide's commands write to (/tmp; `--tmp-dir`). Progress is kept in the state directory
@@ -45,9 +47,10 @@ from runwatch.core.command import Command, UsageError, add_state_dir, read_json
 from runwatch.core.files import write_atomic
 from runwatch.core.paths import Layout
 from runwatch.prom.server import PromQLError, instant
+from runwatch.prom.tools import binary, run_tool
 
 GUIDE = Path("docs") / "lab-guide.md"  # under the configuration's root: a clone's
-KINDS = ("promql", "pager", "file")
+KINDS = ("promql", "pager", "file", "promtool")
 PAGER_STATES = ("paged", "acknowledged")
 STEP_KEYS = {"step", "hint", "alert", "run", "contains", *KINDS}
 TIMEOUT_S = 10  # one check's query: the lab answers in milliseconds, a stalled one is reported
@@ -160,6 +163,8 @@ def describe(step: Step, lab: Lab) -> str:
     """What the check asks, in words a learner can read and run themselves."""
     if step.kind == "promql":
         return f"`runwatch query '{lab.expand(step.target)}'` returns a series"
+    if step.kind == "promtool":
+        return f"`promtool check rules {lab.expand(step.target)}/*.yml` passes"
     if step.kind == "pager":
         alert = f" {step.alert}" if step.alert else ""
         return f"the pager has an incident{alert} of a run {lab.expand(step.run)}, {step.target}"
@@ -174,6 +179,8 @@ def check(step: Step, lab: Lab) -> tuple[bool, str]:
         return check_promql(lab.expand(step.target), lab)
     if step.kind == "pager":
         return check_pager(step, lab)
+    if step.kind == "promtool":
+        return check_promtool(Path(lab.expand(step.target)))
     return check_file(step, lab)
 
 
@@ -207,6 +214,20 @@ def check_pager(step: Step, lab: Lab) -> tuple[bool, str]:
             return False, f"{mine[0].get('alert')} of run {mine[0].get('run_id')} is not acknowledged"
         mine = acked
     return True, f"{mine[0].get('alert')} of run {mine[0].get('run_id')}"
+
+
+def check_promtool(folder: Path) -> tuple[bool, str]:
+    files = sorted(folder.glob("*.yml"))
+    if not files:
+        return False, f"no rule files (*.yml) in {folder}"
+    try:
+        res = run_tool([binary("promtool"), "check", "rules", *map(str, files)])
+    except UsageError as err:  # no promtool, or one that hung
+        return False, str(err)
+    if res.returncode == 0:
+        return True, f"promtool: SUCCESS for {len(files)} files"
+    said = [line.strip() for line in (res.stderr + res.stdout).splitlines() if line.strip() and "SUCCESS" not in line]
+    return False, "promtool: " + " | ".join(said[:3])
 
 
 def check_file(step: Step, lab: Lab) -> tuple[bool, str]:

@@ -314,3 +314,22 @@ def test_a_learner_does_the_on_call_lesson_in_the_console_each_step_after_its_ac
     tab.wait_for_selector("article.postmortem h2")
     assert checked() == ["OK", "OK", "OK", "OK", "OK"]
     assert "lesson 1 of 7, step 1" in tab.inner_text("#next")  # lesson 6 done; lesson 1 not begun
+
+
+@pytest.mark.integration
+def test_a_promtool_step_is_promtool_s_own_verdict_on_the_learner_s_copy(tmp_path):
+    """Lesson 4's `promtool:` step runs the real promtool on $TMP/myrules: NO before the copy,
+    OK for the copy, NO with promtool's message naming the file once an edit breaks it."""
+    import shutil
+
+    from tests.conftest import edit
+
+    (step,) = [s for s in read_lessons(GUIDE)[3].steps if s.kind == "promtool"]
+    lab = Lab(tmp_path / "state", "", tmp_path)
+    assert check(step, lab) == (False, f"no rule files (*.yml) in {tmp_path / 'myrules'}")
+    shutil.copytree(REPO / "prometheus" / "rules", tmp_path / "myrules")
+    ok, found = check(step, lab)
+    assert ok and found.startswith("promtool: SUCCESS"), found
+    edit(tmp_path / "myrules" / "alerts.yml", "expr: vector(2)", "expr: vector(2", count=1)
+    ok, found = check(step, lab)
+    assert not ok and found.startswith("promtool: ") and "alerts.yml" in found, found
