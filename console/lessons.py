@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -20,6 +22,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 CHECK_TIMEOUT_S = 60  # a lesson's few instant queries and file reads: seconds, even on a busy lab
+# A GET of the page lists the lessons through a child process: at most one every few seconds,
+# however often a page (any page the learner's browser has open) asks for it.
+LIST_KEPT_S = 5.0
+_listed: dict[int, tuple[float, dict | None, str]] = {}  # by console: when, what it listed, what it said
+_listing = threading.Lock()
 
 
 def _lesson(console: Any, *args: str) -> tuple[dict | None, str]:
@@ -37,8 +44,18 @@ def _lesson(console: Any, *args: str) -> tuple[dict | None, str]:
         return None, (proc.stdout + proc.stderr).strip() or f"runwatch lesson exited {proc.returncode}"
 
 
+def _listed_now(console: Any, fresh: bool) -> tuple[dict | None, str]:
+    """The lessons and their progress, listed again if `fresh` (after a check) or older than LIST_KEPT_S."""
+    with _listing:
+        at, found, said = _listed.get(id(console), (0.0, None, ""))
+        if fresh or time.monotonic() - at > LIST_KEPT_S:
+            found, said = _lesson(console, "list")
+            _listed[id(console)] = (time.monotonic(), found, said)
+        return found, said
+
+
 def _page(console: Any, checked: dict | None = None, problem: str = "") -> Response:
-    found, said = _lesson(console, "list")
+    found, said = _listed_now(console, fresh=checked is not None or bool(problem))
     problems = [p for p in (said, problem) if p]
     return console.render("lessons.html", progress=found, checked=checked, problems=problems)
 

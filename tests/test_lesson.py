@@ -217,10 +217,12 @@ def test_the_console_s_lessons_page_checks_with_its_token_against_a_real_pager(t
     import subprocess
     import sys
     import threading
+    import time
 
     import requests
     from prometheus_client import CollectorRegistry
 
+    from runwatch.console.lessons import LIST_KEPT_S
     from runwatch.oncall.follow import DEFAULT_RUNBOOKS
     from runwatch.oncall.pager import make_server
     from runwatch.prom.server import free_port, wait_ready
@@ -249,6 +251,13 @@ def test_the_console_s_lessons_page_checks_with_its_token_against_a_real_pager(t
         assert wait_ready(f"{base}/-/ready", 30, proc), proc.stderr.read()
         listed = requests.get(f"{base}/lessons", timeout=60).text
         assert listed.count('<tr data-lesson="') == 7 and "lesson 1 of 7, step 1" in listed, listed
+        # a GET lists the lessons through a child process at most every LIST_KEPT_S: progress
+        # written meanwhile shows only after that, or after a Check
+        listed_at = time.monotonic()
+        (tmp_path / "state" / "lessons.json").write_text('{"done": {"1": [1]}}')
+        again = requests.get(f"{base}/lessons", timeout=60).text
+        if time.monotonic() - listed_at < LIST_KEPT_S:
+            assert "lesson 1 of 7, step 1" in again
         token = re.search(r'name="token" value="([^"]+)"', listed)[1]
         assert requests.post(f"{base}/lessons/check", data={"lesson": "2"}, timeout=60).status_code == 403
 
@@ -257,6 +266,8 @@ def test_the_console_s_lessons_page_checks_with_its_token_against_a_real_pager(t
             return re.search(r'data-step="2">\s*<b class="verdict">(OK|NO)</b>', text)[1]
 
         assert step2() == "NO"
+        assert "lesson 1 of 7, step 2" in requests.post(f"{base}/lessons/check", data={"lesson": "2", "token": token},
+                                                        timeout=60).text  # fmt: skip
         ack = {
             "alert": "TrainingLossJump",
             "run_id": page["run_id"],
