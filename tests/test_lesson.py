@@ -129,6 +129,16 @@ def test_every_promql_check_of_the_guide_runs_on_a_real_prometheus(tmp_path):
     assert broken[0] is False and broken[1].startswith("Prometheus refused the query"), broken
 
 
+def console_bound_ms() -> float:
+    """How long a console page may take to answer an action: its longest wait for a command it
+    runs (a diagnosis, a postmortem with its plate), or for a Check's check and list, one after
+    the other. On a loaded machine these take far longer than Playwright's 30 s default."""
+    from runwatch.console.app import COMMAND_TIMEOUT_S
+    from runwatch.console.lessons import CHECK_TIMEOUT_S
+
+    return max(COMMAND_TIMEOUT_S, 2 * CHECK_TIMEOUT_S) * 1000
+
+
 def lesson(number: int, lab, *flags: str) -> tuple[int, list[str]]:
     """`runwatch lesson check N` on the lab: its exit status and the OK/NO of each step."""
     from tests.conftest import runwatch
@@ -185,6 +195,7 @@ def test_a_learner_does_lesson_2_s_live_steps_through_the_console_alone(lab_fact
 
     lab = lab_factory(*NEAR_ONSET).wait()
     console = lab.url("console")
+    tab.set_default_timeout(console_bound_ms())
 
     def checked() -> list[str]:
         tab.goto(f"{console}/lessons")
@@ -200,7 +211,7 @@ def test_a_learner_does_lesson_2_s_live_steps_through_the_console_alone(lab_fact
         wait_for(lambda a=alert: firing_in_prometheus(lab, a, lab.run_id), 2 * onset_s + group_interval_s(lab), alert)
     assert checked() == ["OK", "NO"]
     tab.goto(f"{console}/?run={lab.run_id}")
-    tab.wait_for_selector('li.incident[data-alert="TrainingLossJump"] button.ack', timeout=30_000).click()
+    tab.wait_for_selector('li.incident[data-alert="TrainingLossJump"] button.ack').click()
     tab.fill("#ack-comment", "loss 20x and gradient norm 5x at once: bad data?")
     tab.click("#ack-submit")
     assert "acknowledged TrainingLossJump" in tab.wait_for_selector("#notice").inner_text()
@@ -296,6 +307,7 @@ def test_a_learner_does_the_on_call_lesson_in_the_console_each_step_after_its_ac
 
     drill(tmp_path, lab_state, 516)
     console = lab_url(lab_state, "console")
+    tab.set_default_timeout(console_bound_ms())
 
     def checked() -> list[str]:
         tab.goto(f"{console}/lessons")
