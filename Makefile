@@ -102,7 +102,7 @@ $(VENV)/.torch: $(VENV)/.installed
 test-torch: $(VENV)/.torch binaries
 	$(PYTEST) -m torch -n 2 --dist loadgroup
 
-# charts/runwatch rendered and validated object by object, without a cluster (README, "Beyond one machine").
+# charts/runwatch rendered and validated object by object, without a cluster (docs/kubernetes.md).
 test-k8s: $(VENV)/.installed binaries k8s-tools
 	$(PYTEST) tests/test_chart.py -n 2
 

@@ -14,7 +14,7 @@ it first, not timed), and neither finds its alert queries kept:
 
 The two alternate, `--repeats` times each; the figures are wall-clock seconds of the whole
 command, best and median, and the ratio of the medians. A ratio measured side by side holds on
-a loaded machine better than either figure alone; re-measure on a quiet one for README.
+a loaded machine better than either figure alone; re-measure on a quiet one for docs/figures.md.
 """
 
 from __future__ import annotations

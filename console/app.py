@@ -39,7 +39,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainT
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from runwatch.console import rules
+from runwatch.console import drills, lessons, rules
 from runwatch.console.sources import ALERT_NAME, Sources, UnavailableError
 from runwatch.core.addresses import host_allowed, served_hosts
 from runwatch.core.bounded import BoundedReadError
@@ -306,6 +306,8 @@ ROUTES = [
     Route("/-/ready", ready),
     Route("/favicon.ico", favicon),
     *rules.ROUTES,  # the Rules page and its workbench (console/rules.py)
+    *lessons.ROUTES,  # the Lessons page: the lab guide's checks (console/lessons.py)
+    *drills.ROUTES,  # the Drills page: the graded drills, their times and par (console/drills.py)
     Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
 ]
 

@@ -197,8 +197,8 @@ class Sources:
 
     def plate(self, run_id: str, now: float | None = None) -> dict[str, Any]:
         """The run's plate by training step, as uPlot draws it: for each panel the steps and one
-        list of values per curve (None where a curve has no point), the incident windows (none in
-        a drill), the step each alert first fired at, and a Prometheus link per panel."""
+        list of values per curve (None where a curve has no point), the incident windows (in a
+        drill, none until it is graded), the step each alert first fired at, and a Prometheus link per panel."""
         info = self.run_info(run_id)
         end = now if now is not None else time.time()
         if info["ended"] is not None:
@@ -220,7 +220,7 @@ class Sources:
             "paused_for": info["paused_for"],
             "unseen": info["unseen"],
             "panels": {key: aligned(data, key) for key in ("loss", "grad", "throughput")},
-            "incident": [] if info["drill"] else data.incident,
+            "incident": self.revealed(run_id) if info["drill"] else data.incident,
             "readouts": data.readouts,
             "links": {key: self.graph_link(key, run_id, end - start) for key in ("loss", "grad", "throughput")}
             if self.has_ui()
@@ -283,6 +283,15 @@ class Sources:
         return resp.text if resp.status_code == 200 else None
 
     # --- the drill ---
+
+    def revealed(self, run_id: str) -> list[list[int]]:
+        """A drill's incident windows once `runwatch diagnose` has graded it (drill.json's grade,
+        runwatch.drill.coach); none before: the plate hides them until then."""
+        record = self.drill()
+        found = (record or {}).get("grade", {}).get("revealed") if (record or {}).get("run_id") == run_id else None
+        if not isinstance(found, list):
+            return []
+        return [[w[0], w[1]] for w in found if isinstance(w, list) and len(w) == 2 and all(type(s) is int for s in w)]
 
     def drill(self) -> dict[str, Any] | None:
         """The native lab's drill record (drill.json), if there is one."""

@@ -101,7 +101,7 @@ def readout(alert: str) -> str:
 # The loss panels' held-out dots are the samples taken at a step divisible by 10, so they need
 # Prometheus's points 1 s apart: a 1 s minimum interval, and enough points for Grafana to keep
 # it (it divides the range by maxDataPoints). Prometheus serves at most 11,000 points per
-# series, so the dots are all there for ranges up to about 3 hours (README, Limits).
+# series, so the dots are all there for ranges up to about 3 hours (docs/limits.md).
 DOT_INTERVAL = "1s"
 DOT_MAX_POINTS = 11000
 

@@ -41,6 +41,8 @@ COMMANDS: list[tuple[str, str, str, str]] = [
      "add_postmortem"),
     ("flight-recorder", "every rank's last collective and step, and the rank that lags",
      "runwatch.cluster.flight_recorder", "add_arguments"),
+    ("lesson", "the lab guide's lessons: `check N` runs lesson N's checks against the lab", "runwatch.lesson",
+     "add_arguments"),
 ]  # fmt: skip
 
 

@@ -158,7 +158,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
             seeded = args.drill_seed is not None
             rng = random.Random(args.drill_seed) if seeded else secrets.SystemRandom()
             answer = draw_drill(rng, cluster=args.ranks > 1)
-        incident = answer["incident"]
+        incident, strength = answer["incident"], answer.get("strength", 1.0)  # a hard drill's may be weaker
         if onset is None:
             onset = answer["onset"]
     # A drill trains the seed drawn with its answer, never one in argv: a known seed replays offline.
@@ -189,8 +189,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, TrainConfig
 
 
 def hidden(cfg: TrainConfig) -> TrainConfig:
-    """What a drill's run may show of its config (run.json): not its incident, onset or seed."""
-    return dataclasses.replace(cfg, incident=HIDDEN, onset=-1, seed=-1)
+    """What a drill's run may show of its config (run.json): not its incident, onset, seed or strength."""
+    return dataclasses.replace(cfg, incident=HIDDEN, onset=-1, seed=-1, strength=1.0)  # a weaker one names its kind
 
 
 def incident_of(text: str) -> tuple[str, float]:
@@ -217,6 +217,9 @@ def read_sealed_answer(path: Path) -> dict:
         raise UsageError(f"--sealed-answer: {path} holds no incident and onset")
     if not isinstance(answer.get("seed", 0), int) or not 0 <= answer.get("seed", 0) <= MAX_SEED:
         raise UsageError(f"--sealed-answer: {path} holds a seed out of [0, {MAX_SEED}]")
+    strength = answer.get("strength", 1.0)
+    if isinstance(strength, bool) or not isinstance(strength, int | float) or not 0 < strength <= 1:
+        raise UsageError(f"--sealed-answer: {path} holds a strength out of (0, 1]")
     return answer
 
 

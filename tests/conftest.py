@@ -25,7 +25,7 @@ from runwatch.prom.tools import BINARIES, binary
 # never reached a pipe (issue 35). (xdist's workers start after this, so they inherit it.)
 os.environ.pop("PYTHONUNBUFFERED", None)
 
-# --- the tiers: every test in exactly one (README, "The tests") ---
+# --- the tiers: every test in exactly one (docs/tests.md) ---
 # unit: no child process (in-process servers on port 0 are allowed); integration: real binaries
 # (Prometheus, promtool, runwatch itself) on free ports; e2e: a live lab. compose is its own
 # (make test-compose). A test is marked explicitly, in its module (pytestmark) or on itself; a
@@ -203,7 +203,7 @@ GRAFANA_PORT = 3000  # compose's Grafana: the native lab has none, and the compo
 
 def project_links() -> dict[str, set[str]]:
     """url -> the files that write it. Grafana's templated links (${...}) are left out."""
-    files = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "runbooks").glob("*.md")]
+    files = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *(REPO / "runbooks").glob("*.md")]
     files += [*(REPO / "prometheus" / "rules").glob("*.yml"), *(REPO / "grafana" / "dashboards").glob("*.json")]
     found: dict[str, set[str]] = {}
     for f in files:

@@ -1,4 +1,4 @@
-"""charts/runwatch, validated object by object without a cluster (README, "Beyond one machine").
+"""charts/runwatch, validated object by object without a cluster (docs/kubernetes.md).
 
 `helm template` renders the chart for one rank and for four; every core object is checked
 against Kubernetes 1.35's own schemas strictly (kubernetes-validate's, shipped in its package),

@@ -80,12 +80,12 @@ def test_what_crashes_comes_back_but_a_run(name):
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
 def test_every_service_has_a_memory_limit_above_its_measured_peak(name):
-    """The limits come from README's measured peaks, with headroom (README, "Compose as a service")."""
+    """The limits come from the measured peaks, with headroom (docs/compose.md, "Compose as a service")."""
     limit = SERVICES[name]["deploy"]["resources"]["limits"]["memory"]
     mb = int(re.fullmatch(r"(\d+)M", limit)[1])
-    readme = (REPO / "README.md").read_text()
-    row = re.search(rf"^ *\| `{name}` \| (\d+ MB|-) \| (\d+ MB|-) \| {mb} MB \|", readme, re.M)
-    assert row, f"README's memory table has no row for {name} with its limit of {mb} MB"
+    doc = (REPO / "docs" / "compose.md").read_text()
+    row = re.search(rf"^ *\| `{name}` \| (\d+ MB|-) \| (\d+ MB|-) \| {mb} MB \|", doc, re.M)
+    assert row, f"docs/compose.md's memory table has no row for {name} with its limit of {mb} MB"
     if name == "grafana":  # no Grafana image can be had here (compose/podman/README.md): not measured
         assert row[1] == row[2] == "-"
         return

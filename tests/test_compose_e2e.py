@@ -8,7 +8,7 @@ pages in the pager's volume and on Prometheus's API:
 
 1. Prometheus started 20 s after the trainer: a corrupt shard still pages TrainingLossJump and
    GradientNormJump at the onset, because the trainer holds its first live step until scraped.
-2. A killed trainer pages TrainerDown within 15 s (in a steady lab: see README's limits).
+2. A killed trainer pages TrainerDown within 15 s (in a steady lab: see docs/limits.md).
 3. `restart` of alertmanager, pager, prometheus, then trainer (a new run): the incident pages
    exactly once.
 4. The pager stopped: PagerDown and AlertmanagerNotificationsFailing fire; back, the latter pages.
@@ -72,7 +72,7 @@ PROMETHEUS_AWAY_S = 35  # the issue's pause: 30-40 s
 
 def lr_spike_readout(onset: int) -> range:
     """Where an lr spike's loss and gradient-norm alerts first fire, counted from its onset: the
-    backtest's 301-302 over 100 seeds for an onset at 300 (README), and one step later where the
+    backtest's 301-302 over 100 seeds for an onset at 300 (docs/readouts.md), and one step later where the
     live lab's order of rule groups has an alert read a baseline one evaluation old."""
     return range(onset + 1, onset + 4)
 

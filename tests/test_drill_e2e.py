@@ -196,7 +196,7 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
                     "Action items"):  # fmt: skip
         assert f"## {section}" in text
     rows = re.findall(r"^\| (\S+Z) \| (.+) \|$", text, re.M)
-    order = ("Drill started", "Incident began", "Page", "Acknowledged", "Diagnosed")
+    order = ("Drill started", "Incident began", "Fired in Prometheus", "Page", "Acknowledged", "Diagnosed")
     kinds = [next((k for k in order if event.startswith(k)), "") for _, event in rows]
     firsts = [kinds.index(k) for k in order]
     assert firsts == sorted(firsts), rows

@@ -168,9 +168,20 @@ def test_a_cluster_drill_hides_a_cluster_incident_half_the_time_by_llama_3s_shar
     total = sum(LLAMA3_SHARES.values())
     for incident, share in LLAMA3_SHARES.items():  # 47.6% crashes, 34.3% ECC, 16.0% hangs, 2.2% stragglers
         assert abs(drawn[incident] / cluster - share / total) < 0.02, incident
-    assert all(abs(drawn[i] / n - 0.1) < 0.015 for i in INCIDENTS)
+    # the plate's half: a healthy run 1 in 10 of them (trainer.config.HEALTHY_REDRAWN), each incident 9 in 40
+    assert abs(drawn["none"] / n - 0.05) < 0.01
+    assert all(abs(drawn[i] / n - 0.1125) < 0.015 for i in INCIDENTS if i != "none")
     one_rank = {draw_drill(rng)["incident"] for _ in range(2000)}
     assert one_rank == set(INCIDENTS)  # a run of one process draws only the plate's
+
+
+def test_a_drill_is_healthy_one_time_in_ten_not_one_in_five():
+    """A healthy drill is minutes with nothing to do: drawn again among the incidents half the time."""
+    rng = random.Random(38)
+    n = 20_000
+    drawn = Counter(draw_drill(rng)["incident"] for _ in range(n))
+    assert abs(drawn["none"] / n - 0.1) < 0.01, drawn
+    assert all(abs(drawn[i] / n - 0.225) < 0.015 for i in INCIDENTS if i != "none"), drawn
 
 
 @pytest.mark.integration

@@ -156,10 +156,10 @@ def test_an_ack_of_no_incident_in_a_hand_made_log_is_left_out():
     assert incidents(lines) == []
 
 
-def test_the_runbooks_the_guide_and_readme_say_one_order_ack_then_diagnose():
+def test_the_runbooks_the_guide_readme_and_docs_say_one_order_ack_then_diagnose():
     from runwatch.core.paths import REPO
 
-    for doc in [*sorted((REPO / "runbooks").glob("*.md")), REPO / "docs" / "lab-guide.md", REPO / "README.md"]:
+    for doc in [*sorted((REPO / "runbooks").glob("*.md")), *sorted((REPO / "docs").rglob("*.md")), REPO / "README.md"]:
         text = doc.read_text()
         for paragraph in text.split("\n\n"):
             if "runwatch ack" in paragraph and "runwatch diagnose" in paragraph:

@@ -100,7 +100,7 @@ def test_status_reports_every_component_ready(lab):
 
 
 def test_every_link_the_project_writes_or_prints_opens_on_the_native_lab(lab):
-    """README, the lab guide, the runbooks, the rules' annotations, the dashboards' links,
+    """README, docs/ (the lab guide among them), the runbooks, the rules' annotations, the dashboards' links,
     `runwatch status` and the page lines: each address answers 200 here (Debian's Prometheus 3
     and Alertmanager serve no web UI, so nothing links into one). They name the documented
     ports; this lab serves each component at the port it took instead."""

@@ -35,7 +35,7 @@ LAYERS = [
     ("runwatch.trainer",),
     ("runwatch.drill.answer", "runwatch.readouts", "runwatch.oncall"),
     ("runwatch.cluster", "runwatch.backtest", "runwatch.console"),
-    ("runwatch.train", "runwatch.check", "runwatch.probe", "runwatch.query", "runwatch.lab"),
+    ("runwatch.train", "runwatch.check", "runwatch.probe", "runwatch.query", "runwatch.lesson", "runwatch.lab"),
     ("runwatch.drill",),
     ("runwatch.cli",),
     ("runwatch.__main__",),

@@ -43,7 +43,7 @@ def test_an_edited_and_reloaded_threshold_moves_the_console_dashboard_and_plate_
     sel = 'alert:runwatch_threshold:ratio{alertname="TrainingLossJump"}'
     wait_for(lambda: instant(prom, f'{BASELINE}{{run_id="{run_id}"}}'), 60, "the run's loss baseline")
 
-    # A learner's edit. The hand-worked promtool cases encode the shipped 3 (README: moving a
+    # A learner's edit. The hand-worked promtool cases encode the shipped 3 (docs/workbench.md: moving a
     # threshold fails them until they are updated); this test is about the drawing, so the
     # copy drops them rather than rework them, and reload's checks run what is left.
     edit(root / "prometheus" / "rules" / "alerts.yml", threshold("TrainingLossJump", "3"),

@@ -47,6 +47,18 @@ MAX_LR = 10.0
 
 # A drill's onset is drawn from this range, so "it's always step 300" is no shortcut.
 DRILL_ONSET_RANGE = (240, 360)
+# A healthy drill is minutes of waiting with nothing to do (issue 38: three of a learner's first
+# four drills were healthy, the draw being uniform over five). It stays a possible answer, so
+# that "none" is never ruled out, but half of its draws are drawn again among the incidents:
+# one drill in ten is healthy.
+HEALTHY_REDRAWN = 0.5
+# A drill's difficulty (`runwatch drill --difficulty`): easy never hides a healthy run; hard hides
+# weaker incidents, at strengths the backtest's workbench measures (`--strengths`), from an onset
+# in a wider range (still 25 steps after the earliest fast-forward, for the baselines, and far
+# enough from the end for a repeated batch to end and be seen).
+DIFFICULTIES = ("easy", "normal", "hard")
+HARD_ONSET_RANGE = (150, 450)
+HARD_STRENGTHS = (0.3, 1.0)
 
 
 # Llama 3's unexpected interruptions over 54 days on 16,384 GPUs (Table 5, the shares as printed),
@@ -56,7 +68,7 @@ DRILL_ONSET_RANGE = (240, 360)
 LLAMA3_SHARES = {"rank_crash": 30.1, "ecc": 21.7, "hang": 10.1, "straggler": 1.4}
 
 
-def draw_drill(rng: random.Random, cluster: bool = False) -> dict:
+def draw_drill(rng: random.Random, cluster: bool = False, difficulty: str = "normal") -> dict:
     """A drill's hidden incident (or none), its onset step and its training seed, drawn from rng.
     With `cluster` (a run over several ranks), half the drills hide a cluster incident, drawn by
     Llama 3's shares.
@@ -64,13 +76,26 @@ def draw_drill(rng: random.Random, cluster: bool = False) -> dict:
     The seed is drawn too, and sealed with the answer: runs are reproducible bit for bit, so a
     known seed would let a learner replay the healthy run offline and find the onset without
     diagnosing anything (issue 28). It is drawn last, so a seeded draw keeps its incident and onset.
+    A difficulty other than normal draws differently (DIFFICULTIES); normal draws as it always did.
     """
     if cluster and rng.random() < 0.5:
         incident = rng.choices(list(LLAMA3_SHARES), weights=list(LLAMA3_SHARES.values()))[0]
     else:
         incident = rng.choice(INCIDENTS)
-    onset = rng.randint(*DRILL_ONSET_RANGE)
-    return {"incident": incident, "onset": onset, "seed": rng.randint(0, MAX_SEED)}
+        if incident == "none" and (
+            difficulty == "easy" or rng.random() < HEALTHY_REDRAWN
+        ):  # an incident's draw takes no coin
+            incident = rng.choice(INCIDENTS[1:])
+    onset = rng.randint(*(HARD_ONSET_RANGE if difficulty == "hard" else DRILL_ONSET_RANGE))
+    drawn = {"incident": incident, "onset": onset, "seed": rng.randint(0, MAX_SEED)}
+    if difficulty == "hard" and incident in SCALED_INCIDENTS:
+        drawn["strength"] = round(rng.uniform(*HARD_STRENGTHS), 3)  # to the thousandth, as the backtest draws
+    return drawn
+
+
+def onset_range(difficulty: str = "normal") -> tuple[int, int]:
+    """Where a drill of this difficulty may put its onset."""
+    return HARD_ONSET_RANGE if difficulty == "hard" else DRILL_ONSET_RANGE
 
 
 def parse_incident(text: str) -> tuple[str, float]:

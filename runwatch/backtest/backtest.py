@@ -104,7 +104,7 @@ ALL_INCIDENTS = signatures.INCIDENTS + signatures.CLUSTER_INCIDENTS
 RANK_ALERTS = ("StragglerRank",)  # alerts whose series name a rank
 
 
-# 1,000 seeds (5,000 runs) is ten times README's 100-seed backtest: more than any exercise needs.
+# 1,000 seeds (5,000 runs) is ten times docs/readouts.md's 100-seed backtest: more than any exercise needs.
 # A typo such as 0-99999999999 is refused before building the range (that took 3.8 GB in 7 s).
 MAX_SEEDS = 1000
 

@@ -32,6 +32,7 @@ def drill_answer(cfg: TrainConfig) -> dict:
     from runwatch.trainer.run import struck_rank
 
     answer = {"incident": cfg.incident, "onset": cfg.onset, "run_id": cfg.label, "seed": cfg.seed}
+    answer |= {"strength": cfg.strength} if cfg.strength != 1 else {}  # a hard drill's weaker incident
     return answer | ({"rank": struck_rank(cfg)} if cfg.incident in CLUSTER_INCIDENTS else {})
 
 

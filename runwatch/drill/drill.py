@@ -35,11 +35,12 @@ import requests
 
 from runwatch.core.command import Command, UsageError, add_state_dir, check_writable, number, read_json
 from runwatch.core.files import write_atomic
+from runwatch.drill import coach
 from runwatch.lab import supervise as lab_mod
 from runwatch.oncall.pager import read_incidents, read_pages, received_time, time_to_ack
 from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.readouts import picture as plate
-from runwatch.trainer.config import CLUSTER_INCIDENTS, DRILL_ONSET_RANGE, INCIDENTS, MAX_RANKS, SEED, STEP
+from runwatch.trainer.config import CLUSTER_INCIDENTS, DIFFICULTIES, INCIDENTS, MAX_RANKS, SEED, STEP, onset_range
 from runwatch.trainer.sealed import unseal
 
 MAX_SILENCE_MINUTES = 7 * 24 * 60
@@ -102,20 +103,25 @@ def drill(args: argparse.Namespace) -> int:
         running = [n for n, r in d.lab.records().items() if d.lab.alive(r)]
         if running:
             raise UsageError(f"a drill is already running in {d.lab.state}: `runwatch diagnose` it, or `runwatch down`")
-    if args.fast_forward >= DRILL_ONSET_RANGE[0]:
+    first, last = onset_range(args.difficulty)
+    if args.fast_forward >= first:
         raise UsageError(
-            f"--fast-forward: must be below {DRILL_ONSET_RANGE[0]}, the earliest drill onset, got {args.fast_forward}"
+            f"--fast-forward: must be below {first}, the earliest onset of a {args.difficulty} drill, "
+            f"got {args.fast_forward}"
         )
     up_args = argparse.Namespace(
         state_dir=args.state_dir, incident="random", seed=args.seed if args.seed is not None else 0, onset=None,
         fast_forward=args.fast_forward, control=False, detach=True, drill_seed=args.seed, root=None, precision="fp64",
         ranks=args.ranks, ports=args.ports, no_wait_for_prometheus=False,  # a drill's incident must be seen
+        difficulty=args.difficulty,
     )  # fmt: skip
     lab_mod.up(up_args)
     run_id = read_json(d.lab.state / "lab.json", "the lab's record")["run_id"]  # bounded (issue 40)
-    d.save({"run_id": run_id, "started_at": _now(), "acks": [], "diagnosis": None, "ranks": args.ranks})
-    print(f"drill {run_id} started: something may go wrong between steps {DRILL_ONSET_RANGE[0]} and "
-          f"{DRILL_ONSET_RANGE[1]}, or nothing at all.")  # fmt: skip
+    d.save({"run_id": run_id, "started_at": _now(), "acks": [], "diagnosis": None, "ranks": args.ranks,
+            "difficulty": args.difficulty})  # fmt: skip
+    healthy = "" if args.difficulty == "easy" else ", or nothing at all"
+    print(f"drill {run_id} started ({args.difficulty}): something may go wrong between steps {first} and "
+          f"{last}{healthy}.")  # fmt: skip
     print("watch `runwatch pager --follow`; then `runwatch ack ALERT`, `runwatch diagnose INCIDENT`")
     return 0
 
@@ -344,6 +350,11 @@ def diagnose(args: argparse.Namespace) -> int:
             said = (record.get("diagnosis") or {}).get("incident", "before (see scoreboard.jsonl)")
             raise UsageError(f"drill {record['run_id']} was already diagnosed as {said}")
         grade = grade_drill(d, record, args.incident, args.step, args.rank)
+        earlier = scoreboard(d.lab.state / "scoreboard.jsonl")
+        # what the drill hid, for the console's plate, and the par its times are measured against
+        grade["revealed"] = coach.windows(d.answer(record), int(record.get("ranks") or 1))
+        par = coach.detection_par(grade["incident"], d.lab.layout)
+        grade["par_onset_to_first_page_s"] = par and par[0]
         at, onset_at = grade["diagnosed_at"], grade.pop("onset_at")
         record["diagnosis"] = {"incident": args.incident, "step": args.step, "rank": args.rank, "at": at,
                                "onset_at": onset_at}  # fmt: skip
@@ -352,6 +363,7 @@ def diagnose(args: argparse.Namespace) -> int:
         with open(d.lab.state / "scoreboard.jsonl", "a") as fh:
             fh.write(json.dumps(grade) + "\n")
     print(report(grade))
+    print("\n".join(coach.coaching(grade, earlier, par)))
     print(scoreboard_line(d.lab.state / "scoreboard.jsonl"))
     return 0
 
@@ -373,6 +385,7 @@ def grade_drill(d: Drill, record: dict, diagnosed: str, step: int | None, rank: 
         "run_id": record["run_id"],
         "incident": truth["incident"],
         "onset": None if healthy else truth["onset"],
+        "strength": truth.get("strength"),  # a hard drill's weaker incident (None: the plate's)
         "diagnosed": diagnosed,
         "correct": diagnosed == truth["incident"],
         "false_incident": healthy and diagnosed != "none",
@@ -392,7 +405,8 @@ def grade_drill(d: Drill, record: dict, diagnosed: str, step: int | None, rank: 
 
 def report(g: dict) -> str:
     verdict = "CORRECT" if g["correct"] else "WRONG"
-    truth = g["incident"] + ("" if g["onset"] is None else f" from step {g['onset']}")
+    strength = f" at strength {g['strength']}" if g.get("strength") is not None else ""
+    truth = g["incident"] + strength + ("" if g["onset"] is None else f" from step {g['onset']}")
     lines = [f"{verdict}: you said {g['diagnosed']}; it was {truth}."]
     if g["false_incident"]:
         lines.append("The run was healthy: declaring an incident here is a false alarm of your own.")
@@ -462,13 +476,16 @@ def postmortem(args: argparse.Namespace) -> int:
 
 
 def timeline(d: Drill, record: dict, grade: dict) -> list[tuple[float, str]]:
-    """The drill's events, oldest first: start, onset, pages, acks, diagnosis, the run's end."""
+    """The drill's events, oldest first: start, onset, each alert's first firing, pages, acks,
+    diagnosis, the run's end."""
     run_id = record["run_id"]
     events = [(record["started_at"], "Drill started (lab up, trainer running)")]
     if record["diagnosis"].get("onset_at"):
         events.append(
             (record["diagnosis"]["onset_at"], f"Incident began: {grade['incident']} at step {grade['onset']}")
         )
+    fired = coach.first_firings(d.lab.url("prometheus"), run_id, record["started_at"], record["diagnosis"]["at"])
+    events += [(t, f"Fired in Prometheus: {alert} (its rule, before Alertmanager pages it)") for t, alert in fired]
     for p in read_pages(d.lab.page_log):
         if p.get("run_id") == run_id and _t(p) is not None:
             what = "Page" if p.get("status") == "firing" else "Resolved"
@@ -575,6 +592,11 @@ def add_drill(p: argparse.ArgumentParser) -> Command:
     p.add_argument(
         "--ranks", type=number(int, 1, MAX_RANKS), default=1,
         help="train over N ranks: half the drills then hide a cluster incident, drawn by Llama 3's shares",
+    )  # fmt: skip
+    p.add_argument(
+        "--difficulty", choices=DIFFICULTIES, default="normal",
+        help="easy: never a healthy run; normal: a healthy run one drill in ten; "
+        "hard: weaker incidents (strength 0.3-1), an onset anywhere in 150-450",
     )  # fmt: skip
     lab_mod.add_ports(p)
     return drill

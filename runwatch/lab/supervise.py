@@ -263,7 +263,9 @@ class Lab:
     def sealed_answer(self, run_id: str) -> Path:
         return answer_path(self.runs / run_id)
 
-    def seal_drill(self, run_id: str, drill_seed: int | None, seed: int = 0, ranks: int = 1) -> None:
+    def seal_drill(
+        self, run_id: str, drill_seed: int | None, seed: int = 0, ranks: int = 1, difficulty: str = "normal"
+    ) -> None:
         """Draw the drill's incident and onset (and the rank a cluster incident strikes, for a run
         of `seed` over `ranks`) and seal them in the run's directory.
 
@@ -278,10 +280,10 @@ class Lab:
                 write_atomic(key_file, secrets.token_hex(16) + "\n", mode=0o600)
             rng = random.Random(f"{key_file.read_text().strip()}:{drill_seed}")
         self.sealed_answer(run_id).parent.mkdir(parents=True, exist_ok=True)
-        drawn = draw_drill(rng, cluster=ranks > 1)
+        drawn = draw_drill(rng, cluster=ranks > 1, difficulty=difficulty)
         # the training seed is the drawn one, sealed with the answer: `seed` is not a drill's
         cfg = TrainConfig(incident=drawn["incident"], onset=drawn["onset"], seed=drawn["seed"], ranks=ranks,
-                          run_id=run_id)  # fmt: skip
+                          run_id=run_id, strength=drawn.get("strength", 1.0))  # fmt: skip
         seal_answer(self.sealed_answer(run_id), cfg)
 
     # --- processes ---
@@ -623,7 +625,7 @@ def start_lab(lab: Lab, args: argparse.Namespace) -> str | None:
     for name in ("prometheus", "alertmanager", "pager"):
         lab.write_target(name, [lab.address(name)])
     if args.incident == "random":
-        lab.seal_drill(run_id, args.drill_seed, args.seed, args.ranks)
+        lab.seal_drill(run_id, args.drill_seed, args.seed, args.ranks, getattr(args, "difficulty", "normal"))
     # started_at: `runwatch pager` shows this lab's pages, not those of earlier labs; urls: where
     # every command that talks to this lab finds it (runwatch.core.addresses)
     urls = {name: lab.url(name) for name in ports}
