@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ "$(id -u)" = 0 ] || fail "needs root: debootstrap, chroot, mounts and a network namespace"
-for tool in debootstrap iptables ip git unshare chroot; do
+for tool in debootstrap iptables ip git unshare chroot flock; do
   command -v "$tool" >/dev/null || fail "needs $tool (make test-fresh installs it)"
 done
 
@@ -63,6 +63,12 @@ mirror=$(
   } | grep -m1 -E '/debian/?$' || true
 )
 [ -n "$mirror" ] || fail "no Debian archive in this machine's apt sources"
+
+# One tier at a time on a machine: each turns on IPv4 forwarding for its NAT and puts back what
+# it found, which would cut the other's network off mid-run.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock"
+flock 9
 
 # --- the bare root, cached: debootstrap takes minutes, unpacking its tarball seconds ---
 key=$(printf '%s\n' "$SUITE minbase $mirror" "$(debootstrap --version)" | sha256sum | cut -c1-16)
