@@ -7,6 +7,7 @@ network namespace) once `make lab` has printed its last start-up line.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import sys
@@ -17,8 +18,12 @@ from pathlib import Path
 COMPONENTS = ("trainer", "prometheus", "alertmanager", "pager", "console")
 
 
-def get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as resp:
+def get(url: str, password: str | None = None) -> str:
+    """A 2xx answer's body (anything else raises); with the lab's password as basic auth if given."""
+    request = urllib.request.Request(url)
+    if password is not None:  # Alertmanager's (runwatch.core.credentials: user runwatch)
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"runwatch:{password}".encode()).decode())
+    with urllib.request.urlopen(request, timeout=10) as resp:
         return resp.read().decode()
 
 
@@ -37,10 +42,11 @@ def main(checkout: Path) -> int:
     if missing:
         print(f"fresh lab: no PID file for {', '.join(missing)} in {state / 'pids'}")
         return 1
+    password = (state / "alertmanager" / "password").read_text().strip()
     for name in COMPONENTS:
-        get(records[name]["ready_url"])  # raises on anything but 2xx
+        get(records[name]["ready_url"], password if name == "alertmanager" else None)
         print(f"fresh lab: {name} answers at {records[name]['url']}")
-    assert "pager" in get(records["alertmanager"]["url"].replace("/api/v2/alerts", "/api/v2/status"))
+    assert "pager" in get(records["alertmanager"]["url"].replace("/api/v2/alerts", "/api/v2/status"), password)
     # The trainer steps once Prometheus scrapes it (--wait-for-prometheus): within three scrape
     # intervals of the lab's start, its target is up and its loss is on /metrics.
     prom = records["prometheus"]["url"].removesuffix("/api/v1/targets")
