@@ -9,9 +9,10 @@ which gave the old pager 6,800 threads and a /-/ready that timed out for 3.5 min
 closed. While they are held the server's threads and memory are read (psutil) and /-/ready is
 asked 20 times; then they close, and the time to the next 200 from /-/ready is measured.
 --baseline REV measures the pager of that git revision too (its oncall/pager.py, which needs
-nothing of the project's), run side by side under the same load.
+nothing of the project's: a revision before the pager was split into modules), run side by side
+under the same load.
 
-The bound being measured is the servers' own (oncall/pager.py WORKERS, MAX_CONNECTIONS,
+The bound being measured is the servers' own (oncall/server.py MAX_WAITING,
 HEAD_TIMEOUT_S; console/serve.py MAX_WAITING, HEAD_TIMEOUT_S): past the limit the oldest stalled
 connection is closed, a stalled head is closed after HEAD_TIMEOUT_S, and /-/ready, which sends its
 request at once, is served throughout.

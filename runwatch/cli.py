@@ -45,7 +45,7 @@ COMMANDS: list[tuple[str, str, str, str]] = [
 # few seconds, loads nothing but the standard library.
 DELEGATED = {
     "pager": ("runwatch.oncall.follow", "main"),
-    "pager-serve": ("runwatch.oncall.follow", "serve_main"),
+    "pager-serve": ("runwatch.oncall.pager_serve", "main"),
     "console": ("runwatch.console.serve", "main"),
     "probe": ("runwatch.probe", "main"),
 }

@@ -18,8 +18,8 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from runwatch.oncall.follow import DEFAULT_RUNBOOKS
-from runwatch.oncall.pager import make_server
+from runwatch.oncall.pager_serve import DEFAULT_RUNBOOKS
+from runwatch.oncall.server import make_server
 from runwatch.prom.server import free_port, wait_ready
 from tests.conftest import runwatch
 

@@ -118,7 +118,7 @@ def test_the_walker_finds_a_cycle():
 def test_the_walker_sees_every_part_of_the_namespace():
     mods = modules()
     expected = ["runwatch.cli", "runwatch.core.names", "runwatch.trainer.run", "runwatch.exporter.metrics"]
-    expected += ["runwatch.oncall.pager", "runwatch.console.app", "runwatch.backtest.inline", "runwatch.lab.supervise"]
+    expected += ["runwatch.oncall.app", "runwatch.console.app", "runwatch.backtest.inline", "runwatch.lab.supervise"]
     for name in expected:
         assert name in mods, name
     assert not [m for m in mods if ".configuration" in m]
@@ -171,6 +171,7 @@ def test_the_subcommands_are_found():
     found = subcommands()
     expected = {"runwatch.train", "runwatch.backtest.backtest", "runwatch.lab.lab", "runwatch.drill.drill"}
     expected |= {"runwatch.readouts.plate", "runwatch.oncall.follow", "runwatch.console.serve", "runwatch.probe"}
+    expected |= {"runwatch.oncall.pager_serve"}
     assert expected <= found
 
 
@@ -192,12 +193,14 @@ def test_every_package_says_what_it_holds(package):
 
 def test_the_pager_stands_alone():
     """oncall/ talks to the rest of the lab over HTTP only: of the project it imports itself,
-    the command-line conventions every command shares and the Host names a server answers to
-    (core.addresses, as the console does), nothing else."""
+    the command-line conventions every command shares, the lab's names (its runbooks' address),
+    the Host names a server answers to (core.addresses) and the server stack (core.serving), as
+    the console does; nothing else."""
     g = graph()
+    allowed = {"runwatch.core.command", "runwatch.core.addresses", "runwatch.core.names", "runwatch.core.serving"}
     for name in (m for m in g if m.startswith("runwatch.oncall.")):
         others = {t for t in g[name] if not t.startswith("runwatch.oncall.")}
-        assert others <= {"runwatch.core.command", "runwatch.core.addresses"}, (name, others)
+        assert others <= allowed, (name, others)
 
 
 # What the console may use of the house: the command-line conventions, the lab's names and where
@@ -235,11 +238,10 @@ def test_the_exporter_takes_a_record_not_the_trainer():
 
 def test_the_standalone_pager_listens_where_the_lab_says():
     """The pager keeps its own default port (it stands alone); it must be the lab's."""
-    from runwatch.core.names import PORTS, url
+    from runwatch.core.names import PORTS, RUNBOOK_BASE, url
     from runwatch.oncall.follow import PROMETHEUS
-    from runwatch.oncall.pager import RUNBOOK_BASE
 
-    text = (REPO / "oncall" / "follow.py").read_text()
+    text = (REPO / "oncall" / "pager_serve.py").read_text()
     assert f'"--port", type=_port, default={PORTS["pager"]}' in text
     assert RUNBOOK_BASE == f"{url('pager')}/runbooks"
     assert PROMETHEUS == url("prometheus")  # where `runwatch pager` looks for alerts that never paged

@@ -18,8 +18,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from runwatch.core.paths import REPO
-from runwatch.oncall.follow import follow, format_page, main, serve_main
-from runwatch.oncall.pager import RULES_TIMEOUT_S, make_server, read_pages
+from runwatch.oncall.follow import follow, format_page, main
+from runwatch.oncall.page_log import read_pages
+from runwatch.oncall.pager_serve import main as serve_main
+from runwatch.oncall.prometheus import RULES_TIMEOUT_S
+from runwatch.oncall.server import make_server
 from runwatch.prom.server import Process, free_port, prometheus_argv
 from tests.conftest import edit, need, threshold
 
@@ -574,7 +577,7 @@ def test_runbooks_are_served_and_nothing_outside_them(tmp_path):
     import urllib.error
     import urllib.request
 
-    from runwatch.oncall.follow import DEFAULT_RUNBOOKS
+    from runwatch.oncall.pager_serve import DEFAULT_RUNBOOKS
 
     server = make_server(
         "127.0.0.1", 0, tmp_path / "pages.jsonl", registry=CollectorRegistry(), runbooks=DEFAULT_RUNBOOKS

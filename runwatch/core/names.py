@@ -42,3 +42,8 @@ LOOPBACK = "127.0.0.1"
 def url(component: str) -> str:
     """Where a learner's browser (and every command) reaches a component: http://127.0.0.1:PORT."""
     return f"http://{LOOPBACK}:{PORTS[component]}"
+
+
+# Runbooks are served by the pager itself, at the address it has in both worlds (natively and
+# through compose's published port), so a page's link opens wherever the learner reads it.
+RUNBOOK_BASE = f"{url('pager')}/runbooks"

@@ -36,7 +36,9 @@ import requests
 from runwatch.core.command import Command, UsageError, add_state_dir, check_writable, number, read_json
 from runwatch.core.files import write_atomic
 from runwatch.lab import supervise as lab_mod
-from runwatch.oncall.pager import read_incidents, read_pages, received_time, time_to_ack
+from runwatch.oncall.incidents import time_to_ack
+from runwatch.oncall.page_log import read_incidents, read_pages
+from runwatch.oncall.records import received_time
 from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.readouts import picture as plate
 from runwatch.trainer.config import CLUSTER_INCIDENTS, DRILL_ONSET_RANGE, INCIDENTS, MAX_RANKS, SEED, STEP
