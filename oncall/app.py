@@ -201,7 +201,7 @@ class PagerApp:
 
     # --- what a POST must show before its body is read ---
 
-    def _judge(self, headers: Headers, token: bool = True) -> None:
+    def _judge(self, headers: Headers) -> None:
         """Refuse a request that is not Alertmanager's or a local client's, from its headers alone.
 
         A web page in the learner's browser can POST here (fetch with mode "no-cors" sends
@@ -217,7 +217,7 @@ class PagerApp:
             raise RefusedError(
                 403, "foreign", "headers", f"a browser's request (Origin {origin!r}); only Alertmanager posts here"
             )
-        token = self.pager.token if token else None
+        token = self.pager.token
         if token is not None and not hmac.compare_digest(
             headers.get("authorization", "").encode(), f"Bearer {token}".encode()
         ):
@@ -311,7 +311,7 @@ class PagerApp:
         401 without the lab's token, as a webhook.
         """
         headers = request.headers
-        self._judge(headers, token=False)
+        self._judge(headers)
         self._json_type(headers)
         header = headers.get("content-length", "")
         length = int(header) if header.strip().isdigit() else -1

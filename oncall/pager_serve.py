@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import argparse
 import errno
-import re
 import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
 
-from runwatch.core.command import Parser
+from runwatch.core.command import Parser, UsageError
+from runwatch.core.token import read_token
 from runwatch.oncall.page_log import DEFAULT_LOG
 from runwatch.oncall.server import make_server
 from runwatch.oncall.watchdog import WATCHDOG_SILENT, WATCHDOG_TIMEOUT_S
 
-TOKEN = re.compile(r"[A-Za-z0-9_-]{16,}")  # what --token-file holds: runwatch up writes secrets.token_urlsafe(32)
 _HERE = Path(__file__).resolve().parents[1]
 # The checkout's runbooks/ (oncall/ is runwatch.oncall, mapped from the top of the checkout), or,
 # installed from a wheel, the copy in the runwatch package (runwatch/oncall/ beside runwatch/configuration/).
@@ -52,14 +51,10 @@ def _port(text: str) -> int:
 def _read_token(prog: str, path: Path) -> str:
     """--token-file's token; "" (said on stderr in one line) if the file holds none."""
     try:
-        token = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        print(f"{prog}: --token-file: cannot read {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return read_token(path, "--token-file")
+    except UsageError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
         return ""
-    if not TOKEN.fullmatch(token):
-        print(f"{prog}: --token-file: {path} does not hold a token (16 or more of A-Z a-z 0-9 - _)", file=sys.stderr)
-        return ""
-    return token
 
 
 def _serve_parser() -> Parser:

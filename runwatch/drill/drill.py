@@ -35,6 +35,7 @@ import requests
 
 from runwatch.core.command import Command, UsageError, add_state_dir, check_writable, number, read_json
 from runwatch.core.files import write_atomic
+from runwatch.core.token import bearer, read_token
 from runwatch.lab import supervise as lab_mod
 from runwatch.oncall.incidents import time_to_ack
 from runwatch.oncall.page_log import read_incidents, read_pages
@@ -150,13 +151,14 @@ def ack(args: argparse.Namespace) -> int:
         raise UsageError("--comment: say what you know so far; an ack records it with the incident")
     alertmanager = (args.alertmanager or d.lab.url("alertmanager")).rstrip("/")
     pager = (args.pager or d.lab.url("pager")).rstrip("/")
+    token = ack_token(args.token_file, d.lab, pager)
     incident = open_incident(pager, args.alert, run_id)
     silence_id = ""
     if incident["firing"] and firing_unsilenced(alertmanager, args.alert, run_id):
         silence_id = silence(alertmanager, args.alert, run_id, args.comment, args.expires)
     body = {"alert": args.alert, "run_id": run_id, "comment": args.comment, "by": args.by or _who(),
             "ack_id": uuid.uuid4().hex, "silence": silence_id}  # fmt: skip
-    acked = _post_ack(pager, body)
+    acked = _post_ack(pager, body, token)
     until = f"; silence {silence_id} until {_iso(_now() + 60 * args.expires)}" if silence_id else (
         "; its alert has resolved, so no silence is needed"
     )  # fmt: skip
@@ -194,15 +196,26 @@ def open_incident(pager: str, alert: str, run_id: str) -> dict:
     return incident
 
 
-def _post_ack(pager: str, body: dict) -> dict:
+def ack_token(token_file: Path | None, lab: lab_mod.Lab, pager: str) -> str | None:
+    """The token an ack carries, as Alertmanager's webhooks do: --token-file's, else the lab's
+    (STATE_DIR/pager.token) when the ack goes to the lab's own pager; None if there is none."""
+    if token_file is not None:
+        return read_token(token_file, "--token-file")
+    if pager == lab.url("pager").rstrip("/") and lab.pager_token.exists():
+        return read_token(lab.pager_token, "--token-file")
+    return None
+
+
+def _post_ack(pager: str, body: dict, token: str | None = None) -> dict:
     try:
-        resp = requests.post(f"{pager}/api/ack", json=body, timeout=5)
+        resp = requests.post(f"{pager}/api/ack", json=body, headers=bearer(token), timeout=5)
         answer = resp.json()
     except (requests.RequestException, ValueError) as err:
         raise UsageError(f"--pager: {pager} did not answer ({type(err).__name__})") from None
     if resp.status_code != 200 or not isinstance(answer, dict) or "incident" not in answer:
         said = answer.get("error") if isinstance(answer, dict) else resp.reason
-        raise UsageError(f"the pager refused the ack: {said}")
+        flag = "--token-file: " if resp.status_code == 401 else ""
+        raise UsageError(f"{flag}the pager refused the ack: {said}")
     return answer["incident"]
 
 
@@ -589,6 +602,9 @@ def add_ack(p: argparse.ArgumentParser) -> Command:
                    help="Alertmanager to create the silence in (default: the lab's, from its state dir)")  # fmt: skip
     p.add_argument("--pager", default=None, metavar="URL",
                    help="the pager that records the ack (default: the lab's, from its state dir)")  # fmt: skip
+    p.add_argument("--token-file", type=Path, default=None, metavar="PATH",
+                   help="the pager's token, which the ack carries as webhooks do (default: the lab's "
+                        "STATE_DIR/pager.token, when the ack goes to the lab's pager)")  # fmt: skip
     return ack
 
 
