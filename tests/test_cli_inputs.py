@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runwatch.drill.drill import scoreboard_line
+from runwatch.drill.record import scoreboard_line
 from runwatch.prom.tools import binary
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.run import Trainer

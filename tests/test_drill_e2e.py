@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from runwatch.core.addresses import lab_url
-from runwatch.drill.drill import notification_window_s
+from runwatch.drill.confirm import notification_window_s
 from runwatch.oncall.page_log import read_pages
 from runwatch.prom.server import instant
 from tests.conftest import as_the_lab_s_alertmanager, runwatch, wait_for

@@ -171,7 +171,12 @@ def test_the_subcommands_are_found():
     found = subcommands()
     expected = {"runwatch.train", "runwatch.backtest.backtest", "runwatch.lab.lab", "runwatch.drill.drill"}
     expected |= {"runwatch.readouts.plate", "runwatch.oncall.follow", "runwatch.console.serve", "runwatch.probe"}
-    expected |= {"runwatch.oncall.pager_serve"}
+    expected |= {
+        "runwatch.oncall.pager_serve",
+        "runwatch.drill.ack",
+        "runwatch.drill.diagnose",
+        "runwatch.drill.postmortem",
+    }
     assert expected <= found
 
 
