@@ -14,6 +14,7 @@ from pathlib import Path
 
 import requests
 
+from runwatch.core.durations import duration_seconds
 from runwatch.lab import supervise as lab_mod
 from runwatch.oncall.page_log import read_pages
 from runwatch.oncall.records import received_time
@@ -22,7 +23,6 @@ from runwatch.prom.server import PromQLError, instant, quoted
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-DURATION = re.compile(r"(\d+)(ms|s|m|h)")
 RESEND_DELAY_S = 2  # Prometheus's --rules.alert.resend-delay in the lab (supervise.PROMETHEUS_FLAGS)
 
 
@@ -31,11 +31,18 @@ def notification_window_s(alertmanager_yml: Path) -> float:
     page: the longest group_wait plus the longest group_interval of its routes (alertmanager.yml;
     group_interval is also when it retries a page the pager did not take), plus Prometheus's
     resend delay. A page that arrives later than this after its alert last fired was not sent for it.
+
+    The routes' timings are read from the file, with Alertmanager's inheritance (a route without
+    its own takes its parent's; the root, Alertmanager's defaults): Alertmanager resolves them
+    only inside its dispatcher. Neither its API (/api/v2/status gives the configuration as
+    written, without even the root's defaults) nor `amtool config routes` (matchers and
+    receivers only, in every output format) says what a route's group_wait is in force, so
+    there is nothing to ask. A duration that is not one is a one-line error naming the file.
     """
     import yaml
 
-    def seconds(text: object) -> float:
-        return sum(int(n) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for n, u in DURATION.findall(str(text)))
+    def seconds(text: object, key: str) -> float:
+        return duration_seconds(str(text), f"{alertmanager_yml}: route's {key}")
 
     def routes(route: dict, inherited: dict) -> Iterator[dict]:
         """Each route with the timings it has: its own, else its parent's (as Alertmanager reads them)."""
@@ -49,8 +56,8 @@ def notification_window_s(alertmanager_yml: Path) -> float:
         every = list(routes(yaml.safe_load(Path(alertmanager_yml).read_text())["route"], defaults))
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
         every = [defaults]
-    wait = max(seconds(r["group_wait"]) for r in every)
-    interval = max(seconds(r["group_interval"]) for r in every)
+    wait = max(seconds(r["group_wait"], "group_wait") for r in every)
+    interval = max(seconds(r["group_interval"], "group_interval") for r in every)
     return wait + interval + RESEND_DELAY_S
 
 
