@@ -18,6 +18,7 @@ from pathlib import Path
 from runwatch.core.addresses import lab_url, served_hosts
 from runwatch.core.command import Parser, UsageError
 from runwatch.core.names import LOOPBACK, PORTS, url
+from runwatch.core.serving import bounded_h11
 
 # Bounded as a production async server is (issue 28). A connection has HEAD_TIMEOUT_S to send
 # a whole request head, and at most MAX_WAITING wait for theirs (then the oldest is closed: a
@@ -110,47 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn.Config(
         make_app(sources, hosts=hosts), log_level="warning", access_log=False, lifespan="off",
         limit_concurrency=LIMIT_CONCURRENCY, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG,
-        http=_bounded_h11(),
+        http=bounded_h11(HEAD_TIMEOUT_S, MAX_WAITING),
     )  # fmt: skip
     print(f"{p.prog}: http://{args.host}:{args.port}/ (Prometheus {args.prometheus})", file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[sock])  # stops on SIGINT and SIGTERM, as PID 1 in a container must
     return 0
-
-
-def _bounded_h11() -> type:
-    """uvicorn's h11 protocol with what it lacks against slow clients: a deadline for the
-    request head, and a cap on the connections waiting for theirs (uvicorn imported late)."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    waiting: dict = {}  # protocol -> its deadline's timer, oldest first (one server per process)
-
-    class BoundedH11(H11Protocol):
-        def connection_made(self, transport) -> None:  # noqa: ANN001 (asyncio's)
-            super().connection_made(transport)
-            waiting[self] = self.loop.call_later(HEAD_TIMEOUT_S, self._late)
-            if len(waiting) > MAX_WAITING:
-                next(iter(waiting))._late()
-
-        def _late(self) -> None:
-            self._headed()
-            if not self.transport.is_closing():
-                self.transport.close()
-
-        def _headed(self) -> None:
-            timer = waiting.pop(self, None)
-            if timer is not None:
-                timer.cancel()
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self.cycle is not None:  # a whole request head has come
-                self._headed()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._headed()
-            super().connection_lost(exc)
-
-    return BoundedH11
 
 
 if __name__ == "__main__":
