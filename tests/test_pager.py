@@ -22,7 +22,9 @@ from runwatch.oncall.follow import follow, format_page, main
 from runwatch.oncall.page_log import read_pages
 from runwatch.oncall.pager_serve import main as serve_main
 from runwatch.oncall.prometheus import RULES_TIMEOUT_S
+from runwatch.oncall.records import rfc3339_ms
 from runwatch.oncall.server import make_server
+from runwatch.oncall.watchdog import Watchdog
 from runwatch.prom.server import Process, free_port, prometheus_argv
 from tests.conftest import edit, need, threshold
 
@@ -610,42 +612,59 @@ def watchdog_payload(status: str = "firing") -> dict:
     return payload(beat)
 
 
-def test_watchdog_silence_pages_once_and_its_return_resolves(tmp_path):
+def test_the_watchdog_pages_once_past_its_timeout_and_its_return_resolves():
+    """The dead-man's switch, a pure function of an injected clock: no server, no waiting."""
+    dog = Watchdog(timeout=30)
+    assert dog.check(NOW) is None and dog.check(NOW + 1e6) is None  # not armed before the first heartbeat
+    assert dog.beat(NOW) is None  # a heartbeat is not a page
+    assert dog.check(NOW + 30) is None  # at the timeout, not yet past it
+    page = dog.check(NOW + 31)
+    assert (page["alert"], page["status"], page["severity"]) == ("WatchdogSilent", "firing", "critical")
+    assert "31s" in page["description"] and page["runbook_url"].endswith("/runbooks/WatchdogSilent.md")
+    assert page["starts_at"] == rfc3339_ms(NOW)  # silent since the last heartbeat
+    assert dog.check(NOW + 60) is None  # still silent: no second page
+    back = dog.beat(NOW + 61)
+    assert (back["status"], back["starts_at"], back["fingerprint"]) == ("resolved", page["starts_at"], "pager-watchdog")
+    assert dog.beat(NOW + 62) is None and dog.check(NOW + 62) is None
+
+
+class _Once(threading.Event):
+    """A stop event that lets the watch loop check once, then stops it: the loop runs in the test's
+    own thread, and nothing waits."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        done = self.is_set()
+        self.set()
+        return done
+
+
+def test_the_pager_hears_the_heartbeat_and_stores_its_silence_once(tmp_path):
+    """Over HTTP: a firing Watchdog is the heartbeat (a resolved one is not), the watch loop
+    stores the silence once, and the next heartbeat stores its resolution."""
     now = [NOW]
     registry = CollectorRegistry()
-    server = make_server(
-        "127.0.0.1", 0, tmp_path / "pages.jsonl", registry=registry, clock=lambda: now[0], watchdog_timeout=30
-    )
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    stop = threading.Event()
-    threading.Thread(target=server.watch, args=(stop, 0.02), daemon=True).start()  # a fast checker for the test
+    server = make_server("127.0.0.1", 0, tmp_path / "pages.jsonl", registry=registry, clock=lambda: now[0],
+                         watchdog_timeout=30)  # fmt: skip
+    threading.Thread(target=server.serve_forever, daemon=True).start()
 
-    def post(path: str, obj: dict) -> int:
+    def post(obj: dict) -> int:
         conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
-        conn.request("POST", path, body=json.dumps(obj).encode(), headers={"Content-Type": "application/json"})
+        conn.request("POST", "/watchdog", body=json.dumps(obj).encode(), headers={"Content-Type": "application/json"})
         return conn.getresponse().status
 
     try:
-        time.sleep(0.2)
-        assert read_pages(tmp_path / "pages.jsonl") == []  # not armed before the first heartbeat
-        assert post("/watchdog", watchdog_payload()) == 200
+        assert post(watchdog_payload()) == 200
         assert registry.get_sample_value("runwatch_pager_watchdog_last_timestamp_seconds") == NOW
         assert read_pages(tmp_path / "pages.jsonl") == []  # a heartbeat is not a page
-        now[0] = NOW + 30
-        time.sleep(0.2)
-        assert read_pages(tmp_path / "pages.jsonl") == []  # at the timeout, not yet past it
         now[0] = NOW + 31
-        deadline = time.monotonic() + 5
-        while not read_pages(tmp_path / "pages.jsonl") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        now[0] = NOW + 60
-        time.sleep(0.2)  # still silent: no second page
+        assert post(watchdog_payload("resolved")) == 200  # Prometheus stopped: not a heartbeat
+        assert registry.get_sample_value("runwatch_pager_watchdog_last_timestamp_seconds") == NOW
+        server.watch(_Once())
+        server.watch(_Once())  # still silent: no second page
         pages = read_pages(tmp_path / "pages.jsonl")
-        assert [(p["alert"], p["status"], p["severity"]) for p in pages] == [("WatchdogSilent", "firing", "critical")]
-        assert "31s" in pages[0]["description"] and pages[0]["runbook_url"].endswith("/runbooks/WatchdogSilent.md")
-        assert post("/watchdog", watchdog_payload("resolved")) == 200  # Prometheus stopped: not a heartbeat
-        assert len(read_pages(tmp_path / "pages.jsonl")) == 1
-        assert post("/watchdog", watchdog_payload()) == 200
+        assert [(p["alert"], p["status"]) for p in pages] == [("WatchdogSilent", "firing")]
+        now[0] = NOW + 40
+        assert post(watchdog_payload()) == 200
         pages = read_pages(tmp_path / "pages.jsonl")
         assert [(p["alert"], p["status"]) for p in pages] == [
             ("WatchdogSilent", "firing"),
@@ -653,7 +672,6 @@ def test_watchdog_silence_pages_once_and_its_return_resolves(tmp_path):
         ]
         assert registry.get_sample_value("runwatch_pager_pages_total", {"status": "firing"}) == 1
     finally:
-        stop.set()
         server.shutdown()
         server.server_close()
 
