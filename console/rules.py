@@ -43,9 +43,9 @@ from starlette.routing import Route
 
 from runwatch.core.durations import DurationError, duration_seconds
 from runwatch.core.files import write_atomic
+from runwatch.core.names import THRESHOLD
 from runwatch.core.paths import Layout
 
-THRESHOLD = "alert:runwatch_threshold:ratio"  # alerts.yml: one recording per alert, labelled alertname
 ALERT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NUMBER = re.compile(r"\d*\.?\d+(?:[eE][-+]?\d+)?")
 SEEDS = re.compile(r"\d{1,4}(?:-\d{1,4})?")

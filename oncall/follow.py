@@ -20,12 +20,12 @@ from urllib.parse import urlencode, urlsplit
 from urllib.request import urlopen
 
 from runwatch.core.command import Parser
-from runwatch.core.names import RUNBOOK_BASE
+from runwatch.core.names import RUNBOOK_BASE, url
 from runwatch.oncall.incidents import time_to_ack
 from runwatch.oncall.page_log import DEFAULT_LOG, read_incidents, read_pages
 from runwatch.oncall.records import is_page, received_time, rfc3339_ms
 
-PROMETHEUS = "http://127.0.0.1:9090"  # the lab's, natively and through compose's published port
+PROMETHEUS = url("prometheus")  # the lab's, natively and through compose's published port
 # Alertmanager's group_wait (up to 5 s) and a few retries: a page later than this is lost, or late.
 UNPAGED_AFTER_S = 60.0
 UNPAGED_EVERY_S = 10.0

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from runwatch.core.command import Parser, UsageError
+from runwatch.core.names import LOOPBACK, PORTS
 from runwatch.core.token import read_token
 from runwatch.oncall.page_log import DEFAULT_LOG
 from runwatch.oncall.server import make_server
@@ -59,8 +60,10 @@ def _read_token(prog: str, path: Path) -> str:
 
 def _serve_parser() -> Parser:
     parser = Parser(prog="runwatch pager-serve", description="Receive Alertmanager webhooks into the page log.")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=9095, help="port to listen on (default 9095)")
+    parser.add_argument("--host", default=LOOPBACK, help=f"address to listen on (default {LOOPBACK})")
+    parser.add_argument(
+        "--port", type=_port, default=PORTS["pager"], help=f"port to listen on (default {PORTS['pager']})"
+    )
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to append to (default {DEFAULT_LOG})")
     parser.add_argument("--runbooks", type=Path, default=DEFAULT_RUNBOOKS, help="folder served at /runbooks/")
     parser.add_argument(

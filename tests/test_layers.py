@@ -7,6 +7,7 @@ deferred into a function still makes the two modules depend on each other.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -246,9 +247,9 @@ def test_the_standalone_pager_listens_where_the_lab_says():
     """The pager keeps its own default port (it stands alone); it must be the lab's."""
     from runwatch.core.names import PORTS, RUNBOOK_BASE, url
     from runwatch.oncall.follow import PROMETHEUS
+    from runwatch.oncall.pager_serve import _serve_parser
 
-    text = (REPO / "oncall" / "pager_serve.py").read_text()
-    assert f'"--port", type=_port, default={PORTS["pager"]}' in text
+    assert _serve_parser().get_default("port") == PORTS["pager"]
     assert RUNBOOK_BASE == f"{url('pager')}/runbooks"
     assert PROMETHEUS == url("prometheus")  # where `runwatch pager` looks for alerts that never paged
 
@@ -263,3 +264,25 @@ def test_no_function_is_longer_than_a_screen():
             if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 60:
                 long.append(f"{path.relative_to(REPO)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert not long, long
+
+
+def _constants(path: Path) -> list[tuple[int, str]]:
+    """The string constants a module's code holds (its docstrings are prose, and left out)."""
+    tree = ast.parse(path.read_text())
+    prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in prose]  # fmt: skip
+
+
+def test_each_name_and_address_has_one_home():
+    """Issue 39: the threshold rule's name was defined in three modules, and the pager's and the
+    follower's addresses were written out where core.names says them. A second home fails here."""
+    address = re.compile(r"(?:https?://)?127\.0\.0\.1:\d+")
+    found = []
+    for name, path in {**modules(), "grafana.dashboards": REPO / "grafana" / "dashboards.py"}.items():
+        if name.startswith("runwatch.core."):
+            continue
+        for line, value in _constants(path):
+            if value == "alert:runwatch_threshold:ratio" or address.match(value):
+                found.append(f"{path.relative_to(REPO)}:{line} {value!r}")
+    assert not found, f"use runwatch.core.names (THRESHOLD, url(), PORTS): {found}"

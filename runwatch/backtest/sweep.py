@@ -36,9 +36,9 @@ from runwatch.backtest.inline import references
 from runwatch.core.command import UsageError
 from runwatch.core.durations import duration_seconds
 from runwatch.core.files import write_atomic
+from runwatch.core.names import THRESHOLD
 from runwatch.trainer.config import SCALED_INCIDENTS, TrainConfig
 
-THRESHOLD = "alert:runwatch_threshold:ratio"  # alerts.yml: one recording per alert, labelled alertname
 MAX_VALUES = 32  # each value is one more query over every run
 ONSET = TrainConfig().onset  # the backtest's runs all start their incident here
 HOUR = 3600.0
