@@ -174,6 +174,10 @@ class Unpaged:
     log, it does not decide what should fire. Only an (alert, run) with no firing page at all
     counts, and only UNPAGED_AFTER_S after it first fired, so a page still on its way (group_wait,
     retries) or a re-fire held back by an ack's silence is not reported.
+
+    One of the two alerts decided outside PromQL, on purpose (the other is the pager's
+    WatchdogSilent, oncall/watchdog.py): it compares what Prometheus fired with what reached
+    the pager, which no rule can see, because a lost page is lost after Prometheus.
     """
 
     QUERY = 'min_over_time(timestamp(ALERTS{alertstate="firing",severity=~"page|critical|warning"})[1h:1s])'
