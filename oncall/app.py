@@ -222,9 +222,8 @@ class PagerApp:
             headers.get("authorization", "").encode(), f"Bearer {token}".encode()
         ):
             problem = "missing" if "authorization" not in headers else "does not carry the lab's token"
-            raise RefusedError(
-                401, "unauthorized", "Authorization", f"{problem}; only the lab's Alertmanager and acks post here"
-            )
+            carried = "the lab's Alertmanager and runwatch ack carry it (STATE_DIR/pager.token)"
+            raise RefusedError(401, "unauthorized", "Authorization", f"{problem}; {carried}")
 
     @staticmethod
     def _json_type(headers: Headers) -> None:
