@@ -469,20 +469,41 @@ def _wait_for(predicate, timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+class _Polls(threading.Event):
+    """follow()'s stop event, which also counts the polls follow() waits between: a test waits
+    for follow() to have read the log again, not for a guessed number of seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count, self.polled = 0, threading.Condition()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self.polled:
+            self.count += 1
+            self.polled.notify_all()
+        return super().wait(timeout)
+
+    def read_again(self) -> None:
+        """Return once follow() has read the log at least once more from now."""
+        with self.polled:
+            target = self.count + 2  # the read in progress may have begun before now
+            assert self.polled.wait_for(lambda: self.count >= target, timeout=5), "follow() stopped polling"
+
+
 def test_follow_prints_existing_then_appended_pages(tmp_path):
     log_path = tmp_path / "pages.jsonl"
-    out, stop = io.StringIO(), threading.Event()
+    out, stop = io.StringIO(), _Polls()
     thread = threading.Thread(target=follow, args=(log_path, out), kwargs={"poll": 0.01, "stop": stop})
     thread.start()
     try:
-        time.sleep(0.05)  # the log does not exist yet
+        stop.read_again()  # it has looked for the log, which does not exist yet
         log_path.write_text(json.dumps(PAGE) + "\n")
         _wait_for(lambda: out.getvalue() == LINE + "\n")
         later = json.dumps({**PAGE, "status": "resolved"})
         with open(log_path, "a") as f:
             f.write(later[:20])  # half-written line: not printed until its newline
             f.flush()
-            time.sleep(0.05)
+            stop.read_again()
             assert out.getvalue().count("\n") == 1
             f.write(later[20:] + "\n")
         _wait_for(lambda: "RESOLVED" in out.getvalue())
