@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -80,11 +80,11 @@ class Pager:
     prometheus: where each page's rule in force is read; "" stores pages without it.
     """
 
-    def __init__(self, log: PageLog, metrics: PagerMetrics, registry: CollectorRegistry | None = None,
-                 max_body: int = 1 << 20, clock: Callable[[], float] = time.time, runbooks: Path | None = None,
-                 prometheus: str = "", hosts: frozenset[str] = served_hosts("127.0.0.1", 0), token: str | None = None,
+    def __init__(self, log: PageLog, metrics: PagerMetrics, max_body: int = 1 << 20,
+                 clock: Callable[[], float] = time.time, runbooks: Path | None = None, prometheus: str = "",
+                 hosts: frozenset[str] = served_hosts("127.0.0.1", 0), token: str | None = None,
                  watchdog_timeout: float = WATCHDOG_TIMEOUT_S) -> None:  # fmt: skip
-        self.log, self.metrics, self.registry = log, metrics, registry
+        self.log, self.metrics = log, metrics
         self.max_body, self.clock, self.runbooks, self.prometheus = max_body, clock, runbooks, prometheus
         self.hosts, self.token = hosts, token
         self.watchdog = Watchdog(watchdog_timeout)
@@ -164,7 +164,7 @@ class PagerApp:
         """The GET routes: each reads the log or the metrics, and answers."""
         pager = self.pager
         if path == "/metrics":
-            return Response(generate_latest(pager.registry), 200, media_type=CONTENT_TYPE_LATEST)
+            return Response(generate_latest(pager.metrics.registry), 200, media_type=CONTENT_TYPE_LATEST)
         if path == "/":
             return Response(self._index(), 200, media_type=TEXT)
         if path == "/api/pages":

@@ -14,6 +14,7 @@ class PagerMetrics:
     """The pager's own metrics, registered on the given registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry  # what /metrics serves
         self.notifications = Counter(
             "runwatch_pager_notifications_total",
             "Webhook notifications from Alertmanager that the pager accepted.",

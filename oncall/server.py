@@ -162,7 +162,7 @@ def make_server(
     """
     registry = CollectorRegistry() if registry is None else registry
     log = PageLog(log_path)
-    pager = Pager(log, PagerMetrics(registry), registry, max_body=max_body, clock=clock, runbooks=runbooks,
+    pager = Pager(log, PagerMetrics(registry), max_body=max_body, clock=clock, runbooks=runbooks,
                   prometheus=prometheus, token=token, watchdog_timeout=watchdog_timeout)  # fmt: skip
     server = PagerServer(host, port, pager, head_timeout, max_waiting)
     pager.hosts = served_hosts(host, server.server_address[1], allow_hosts)  # e.g. compose's `pager`
