@@ -13,13 +13,12 @@ import errno
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 from runwatch.core.command import Parser, UsageError
 from runwatch.core.names import LOOPBACK, PORTS
 from runwatch.core.token import read_token
 from runwatch.oncall.page_log import DEFAULT_LOG
-from runwatch.oncall.server import make_server
+from runwatch.oncall.server import PagerServer, make_server
 from runwatch.oncall.watchdog import WATCHDOG_SILENT, WATCHDOG_TIMEOUT_S
 
 _HERE = Path(__file__).resolve().parents[1]
@@ -29,8 +28,21 @@ _RUNBOOK_DIRS = (_HERE / "runbooks", _HERE / "configuration" / "runbooks")
 DEFAULT_RUNBOOKS = next((d for d in _RUNBOOK_DIRS if d.is_dir()), _RUNBOOK_DIRS[0])
 
 
-def _interrupt(*_: object) -> NoReturn:
-    raise KeyboardInterrupt
+class _Stop:
+    """pager-serve's SIGTERM handler. As PID 1 in a container, SIGTERM without a handler is
+    ignored and `docker compose stop` waits 10 s to SIGKILL. It is noted, never raised into
+    whatever runs when it comes (an exception raised inside an import or inside the event loop's
+    construction leaves them half done, and Python then ends itself with SIGINT), and passed to
+    the server, which stops as on Ctrl-C, whether it is serving yet or not."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.server: PagerServer | None = None
+
+    def __call__(self, *_: object) -> None:
+        self.asked = True
+        if self.server is not None:
+            self.server.stop()
 
 
 def _seconds(text: str) -> float:
@@ -99,16 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     token = None if args.token_file is None else _read_token(parser.prog, args.token_file)
     if token == "":
         return 2
-    # As PID 1 in a container, SIGTERM without a handler is ignored and `docker compose stop`
-    # waits 10 s to SIGKILL: stop as Ctrl-C does, closing the server. Installed before the port
-    # is bound, so a SIGTERM that comes as soon as the port answers is handled too.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Installed before the port is bound, so a SIGTERM that comes as soon as the port answers is handled too.
+    stop = _Stop()
+    signal.signal(signal.SIGTERM, stop)
     try:
         server = make_server(
             args.host, args.port, args.log, runbooks=args.runbooks, watchdog_timeout=args.watchdog_timeout,
             prometheus=args.prometheus, allow_hosts=args.allow_host, token=token,
         )  # fmt: skip
-    except KeyboardInterrupt:  # stopped while loading the page log
+    except KeyboardInterrupt:  # Ctrl-C while loading the page log
         return 0
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
@@ -120,11 +131,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{parser.prog}: cannot listen on {args.host}:{args.port}: {e.strerror or e} (--host)", file=sys.stderr
             )
         return 2
+    stop.server = server
     try:
-        host, port = server.server_address[:2]
-        print(f"{parser.prog}: listening on http://{host}:{port}/webhook, page log {args.log}", file=sys.stderr)
-        server.serve_forever()
-    except KeyboardInterrupt:
+        if not stop.asked:  # else stopped while loading the page log
+            host, port = server.server_address[:2]
+            print(f"{parser.prog}: listening on http://{host}:{port}/webhook, page log {args.log}", file=sys.stderr)
+            server.serve_forever()  # until SIGTERM or Ctrl-C, which uvicorn takes over while it serves
+    except KeyboardInterrupt:  # Ctrl-C before uvicorn took it over
         pass
     finally:
         server.server_close()
