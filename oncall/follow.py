@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from urllib.parse import urlencode, urlsplit
 from urllib.request import urlopen
 
-from runwatch.core.command import Parser
+from runwatch.core.command import Parser, UsageError, read_json
 from runwatch.core.names import RUNBOOK_BASE, url
 from runwatch.oncall.incidents import time_to_ack
 from runwatch.oncall.page_log import DEFAULT_LOG, read_incidents, read_pages
@@ -132,7 +132,7 @@ def rule_text(page: dict[str, Any]) -> str:
 def _page(line: bytes) -> dict[str, Any] | None:
     try:
         page = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested 200k deep: one line skipped, not a traceback (issue 40, P1)
         return None  # a torn line left by a crash; the pager skips it too
     return page if isinstance(page, dict) else None
 
@@ -144,11 +144,10 @@ def _received(page: dict[str, Any]) -> float:
 
 def _lab_record(log_path: Path) -> dict:
     """The lab.json beside this log (the lab's state directory holds both), or {}."""
-    try:
-        record = json.loads((Path(log_path).parent / "lab.json").read_text())
-    except (OSError, ValueError):
+    try:  # bounded: a FIFO or a nested lab.json is no record (issue 40)
+        return read_json(Path(log_path).parent / "lab.json", "the lab's record")
+    except UsageError:
         return {}
-    return record if isinstance(record, dict) else {}
 
 
 def lab_started(log_path: Path) -> float | None:

@@ -81,7 +81,8 @@ class PageLog:
         data = self.path.read_bytes() if self.path.exists() else b""
         pages = _parse_pages(data, self.path, sys.stderr)
         self.seen = {page_key(p) for p in pages}
-        self.last_received = pages[-1].get("received_at", "") if pages else ""
+        last = pages[-1].get("received_at", "") if pages else ""
+        self.last_received = last if isinstance(last, str) else ""  # a hand-edited null (issue 40, P1)
         # A torn last line has no newline; the next append must not glue onto it.
         self._needs_newline = bool(data) and not data.endswith(b"\n")
         self.error: str | None = None  # why the last append failed; None once one succeeds
@@ -135,7 +136,13 @@ class PageLog:
                 self._append(b"\n" + data if self._needs_newline else data)
                 self.seen.add(page_key(record))
                 entries.append(record)
-            return {(i["alert"], i["run_id"]): i for i in incidents(entries)}[key], ""
+            else:  # a retry only if the id acknowledged this very incident (issue 40, N17)
+                kept = [e for e in entries if page_key(e) == page_key(record)]
+                if not kept or (kept[0].get("alert"), kept[0].get("run_id")) != key:
+                    was = f"{kept[0].get('alert')} of run {kept[0].get('run_id') or '-'}" if kept else "another ack"
+                    return None, f"ack_id {record['ack_id']} already acknowledged {was}: send a new ack_id"
+            found = {(i["alert"], i["run_id"]): i for i in incidents(entries)}.get(key)
+            return (found, "") if found is not None else (None, f"{record['alert']} has no incident")
 
     def _append(self, data: bytes) -> None:
         """Append data whole and fsynced, or not at all: on a failed write (a full disk) the log

@@ -105,7 +105,8 @@ def page_record(alert: dict[str, Any], received_at: str, rule: dict[str, str] | 
 def page_key(page: dict[str, Any]) -> tuple[str, str, str]:
     if page.get("kind") == "ack":  # an ack is kept once by the id its sender gave it
         return ("ack", str(page.get("ack_id", "")), "")
-    return (page.get("fingerprint", ""), page.get("starts_at", ""), page.get("status", ""))
+    # str(): a hand-edited line's list or mapping must not stop the pager (unhashable; issue 40, P1)
+    return (str(page.get("fingerprint", "")), str(page.get("starts_at", "")), str(page.get("status", "")))
 
 
 def is_page(entry: dict[str, Any]) -> bool:

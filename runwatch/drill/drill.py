@@ -18,7 +18,6 @@ scoreboard.jsonl across drills.
 from __future__ import annotations
 
 import argparse
-import json
 
 from runwatch.core.command import Command, UsageError, add_state_dir, number, read_json
 from runwatch.drill.record import Drill, now
@@ -42,7 +41,7 @@ def drill(args: argparse.Namespace) -> int:
         ranks=args.ranks, ports=args.ports, no_wait_for_prometheus=False,  # a drill's incident must be seen
     )  # fmt: skip
     lab_mod.up(up_args)
-    run_id = json.loads((d.lab.state / "lab.json").read_text())["run_id"]
+    run_id = read_json(d.lab.state / "lab.json", "the lab's record")["run_id"]  # bounded (issue 40)
     d.save({"run_id": run_id, "started_at": now(), "acks": [], "diagnosis": None, "ranks": args.ranks})
     print(f"drill {run_id} started: something may go wrong between steps {DRILL_ONSET_RANGE[0]} and "
           f"{DRILL_ONSET_RANGE[1]}, or nothing at all.")  # fmt: skip
