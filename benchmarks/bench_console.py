@@ -25,7 +25,7 @@ import requests
 
 from runwatch.core.paths import REPO
 from runwatch.lab.supervise import ALERTMANAGER_FLAGS, loopback
-from runwatch.oncall.pager import rfc3339_ms
+from runwatch.oncall.records import rfc3339_ms
 from runwatch.prom.server import Process, free_port
 from runwatch.prom.tools import alertmanager_launch, binary
 from runwatch.trainer.config import INCIDENTS, TrainConfig

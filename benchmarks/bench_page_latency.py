@@ -24,7 +24,7 @@ from pathlib import Path
 import requests
 
 from runwatch.lab.supervise import Lab
-from runwatch.oncall.pager import read_pages
+from runwatch.oncall.page_log import read_pages
 from runwatch.prom.server import wait_ready
 
 ONSET = 300

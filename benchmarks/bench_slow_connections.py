@@ -1,6 +1,7 @@
 """Slow connections against the pager and the console: threads, memory and /-/ready under load.
 
     python benchmarks/bench_slow_connections.py [--connections 8000] [--hold 20] [--baseline REV]
+    python benchmarks/bench_slow_connections.py --trickle 60 [--hold 20] [--baseline REV]
 
 Each server runs as the lab runs it (`runwatch pager-serve`, `runwatch console`, on loopback).
 Then --connections clients connect and send half a request head (a request line and a Host,
@@ -9,9 +10,13 @@ which gave the old pager 6,800 threads and a /-/ready that timed out for 3.5 min
 closed. While they are held the server's threads and memory are read (psutil) and /-/ready is
 asked 20 times; then they close, and the time to the next 200 from /-/ready is measured.
 --baseline REV measures the pager of that git revision too (its oncall/pager.py, which needs
-nothing of the project's), run side by side under the same load.
+nothing of the project's: a revision before the pager was split into modules), run side by side
+under the same load.
+--trickle N is issue 40's N18 instead: the pager with a token, N clients that post an ack without
+it and send its body a byte a second, and five webhooks carrying the token, each timed (--hold
+is their timeout).
 
-The bound being measured is the servers' own (oncall/pager.py WORKERS, MAX_CONNECTIONS,
+The bound being measured is the servers' own (oncall/server.py MAX_WAITING,
 HEAD_TIMEOUT_S; console/serve.py MAX_WAITING, HEAD_TIMEOUT_S): past the limit the oldest stalled
 connection is closed, a stalled head is closed after HEAD_TIMEOUT_S, and /-/ready, which sends its
 request at once, is served throughout.
@@ -21,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import secrets
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,20 +42,24 @@ import requests
 from runwatch.prom.server import free_port, wait_ready
 
 
-def start(name: str, tmp: Path, baseline: str = "") -> tuple[subprocess.Popen, int]:
+def start(name: str, tmp: Path, baseline: str = "", token: str = "") -> tuple[subprocess.Popen, int]:
+    """The server on a free port; the pager with `token` as its --token-file's, if given."""
     port = free_port()
+    (tmp / "pager.token").write_text(token + "\n")
     if name == "pager" and baseline:  # that revision's pager module, served as pager-serve serves it
         source = subprocess.run(["git", "show", f"{baseline}:oncall/pager.py"], check=True, capture_output=True,
                                 cwd=Path(__file__).parent, text=True).stdout  # fmt: skip
         (tmp / "old_pager.py").write_text(source)
         log = str(tmp / "pages.jsonl")
-        serve = f"import old_pager; old_pager.make_server('127.0.0.1', {port}, {log!r}).serve_forever()"
+        serve = f"import old_pager; old_pager.make_server('127.0.0.1', {port}, {log!r}, token={token or None!r})"
+        serve += ".serve_forever()"
         proc = subprocess.Popen([sys.executable, "-c", serve], cwd=tmp, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)  # fmt: skip
         assert wait_ready(f"http://127.0.0.1:{port}/-/ready", 60, proc), f"{baseline}'s pager did not start"
         return proc, port
     if name == "pager":
         argv = ["pager-serve", "--port", str(port), "--log", str(tmp / "pages.jsonl")]
+        argv += ["--token-file", str(tmp / "pager.token")] if token else []
     else:
         nowhere = f"http://127.0.0.1:{free_port()}"
         argv = ["console", "--port", str(port), "--prometheus", nowhere, "--alertmanager", nowhere, "--pager", nowhere]
@@ -128,13 +139,77 @@ def measure(name: str, connections: int, hold_s: float, baseline: str = "") -> d
     }  # fmt: skip
 
 
+def trickle(port: int, n: int) -> list[socket.socket]:
+    """n clients that post an ack without the lab's token and send its body a byte a second."""
+    held = []
+    for _ in range(n):
+        with contextlib.suppress(OSError):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(f"POST /api/ack HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 4096\r\n\r\n".encode())  # fmt: skip
+            held.append(s)
+    return held
+
+
+def measure_trickle(clients: int, hold_s: float, baseline: str = "") -> dict:
+    """Issue 40, N18: webhooks carrying the token while `clients` tokenless acks trickle their bodies."""
+    token = secrets.token_urlsafe(32)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = start("pager", Path(tmp), baseline, token)
+        held, stop = trickle(port, clients), threading.Event()
+
+        def drip() -> None:
+            while not stop.wait(1.0):
+                for s in held:
+                    with contextlib.suppress(OSError):
+                        s.send(b" ")
+
+        threading.Thread(target=drip, daemon=True).start()
+        times = []
+        try:
+            for i in range(5):
+                alert = {"status": "firing", "labels": {"alertname": "Bench", "run_id": "b"}, "fingerprint": f"f{i}",
+                         "startsAt": "2024-01-01T00:00:00Z"}  # fmt: skip
+                t0 = time.perf_counter()
+                try:
+                    ok = requests.post(f"http://127.0.0.1:{port}/webhook", json={"alerts": [alert]}, timeout=hold_s,
+                                       headers={"Authorization": f"Bearer {token}"}).status_code == 200  # fmt: skip
+                except requests.RequestException:
+                    ok = False
+                times.append((time.perf_counter() - t0) * 1000 if ok else None)
+        finally:
+            stop.set()
+            for s in held:
+                s.close()
+            proc.terminate()
+            proc.wait(10)
+    ok = [t for t in times if t is not None]
+    return {
+        "server": f"pager@{baseline}" if baseline else "pager", "trickling_clients": len(held),
+        "webhooks_ok": f"{len(ok)}/{len(times)}", "webhook_ms_p50": round(statistics.median(ok), 1) if ok else None,
+        "webhook_ms_max": round(max(ok), 1) if ok else None, "timeout_s": hold_s,
+    }  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--connections", type=int, default=8000)
     p.add_argument("--hold", type=float, default=20.0, help="seconds the connections are held (past HEAD_TIMEOUT_S)")
     p.add_argument("--servers", default="pager,console")
     p.add_argument("--baseline", default="", metavar="REV", help="also measure this git revision's pager")
+    p.add_argument(
+        "--trickle",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: webhooks with the token while N tokenless acks trickle (--hold: their timeout)",
+    )
     args = p.parse_args()
+    if args.trickle:
+        for baseline in ["", *([args.baseline] if args.baseline else [])]:
+            row = measure_trickle(args.trickle, args.hold, baseline)
+            print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+        return 0
     runs = [(name, "") for name in args.servers.split(",")] + ([("pager", args.baseline)] if args.baseline else [])
     for name, baseline in runs:
         row = measure(name, args.connections, args.hold, baseline)

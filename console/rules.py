@@ -41,12 +41,12 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from runwatch.core.bounded import BoundedReadError, copy_folder, load_json_object, load_yaml
+from runwatch.core.durations import DurationError, duration_seconds
 from runwatch.core.files import write_atomic
+from runwatch.core.names import THRESHOLD
 from runwatch.core.paths import Layout
 
-THRESHOLD = "alert:runwatch_threshold:ratio"  # alerts.yml: one recording per alert, labelled alertname
 ALERT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-DURATION = re.compile(r"(?:\d+(?:ms|s|m|h|d|w|y))+")
 NUMBER = re.compile(r"\d*\.?\d+(?:[eE][-+]?\d+)?")
 SEEDS = re.compile(r"\d{1,4}(?:-\d{1,4})?")
 STRENGTHS = re.compile(r"\d*\.?\d+-\d*\.?\d+|\d*\.?\d+(?:,\d*\.?\d+)*")
@@ -224,7 +224,7 @@ class Edit:
         if len(expr) > MAX_EDIT_EXPR or "\0" in expr:
             raise EditError(f"expr: at most {MAX_EDIT_EXPR} characters of text")
         hold = form.get("for", "").strip()
-        if hold and not DURATION.fullmatch(hold):
+        if hold and not _is_duration(hold):
             raise EditError(f"for: a duration such as 10s or 1m, or empty for none, got {hold!r}")
         threshold = form.get("threshold", "").strip() or None
         if threshold is not None and alert.threshold is None:
@@ -251,14 +251,16 @@ class Edit:
             t = float(self.threshold or self.alert.threshold)
             return f"{name}=" + ",".join(sorted({f"{t * f:.3g}" for f in THRESHOLD_FACTORS}, key=float))
         hold = self.hold if self.hold is not None else self.alert.hold
-        seconds = _seconds(hold or "0s")
+        seconds = int(duration_seconds(hold or "0s", "for"))
         values = sorted({max(0, seconds + d) for d in FOR_STEPS_S} - {seconds})
         return f"{name}.for=" + ",".join(f"{v}s" for v in values)
 
 
-def _seconds(text: str) -> int:
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-    return int(sum(int(n) * units[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", text)))
+def _is_duration(text: str) -> bool:
+    try:
+        return duration_seconds(text, "for") >= 0
+    except DurationError:
+        return False
 
 
 # --- the pages ---

@@ -18,6 +18,8 @@ from pathlib import Path
 from runwatch.core.addresses import lab_url, served_hosts
 from runwatch.core.command import Parser, UsageError
 from runwatch.core.names import LOOPBACK, PORTS, url
+from runwatch.core.serving import bounded_h11
+from runwatch.core.token import read_token
 
 # Bounded as a production async server is (issue 28). A connection has HEAD_TIMEOUT_S to send
 # a whole request head, and at most MAX_WAITING wait for theirs (then the oldest is closed: a
@@ -61,6 +63,9 @@ def parser() -> Parser:
                    help="Prometheus as the browser reaches it (default: --prometheus)")  # fmt: skip
     p.add_argument("--grafana", type=_url("--grafana"), default="", metavar="URL",
                    help="Grafana as the browser reaches it (compose), to link its dashboard")  # fmt: skip
+    p.add_argument("--pager-token-file", type=Path, default=None, metavar="PATH",
+                   help="the pager's token, which each Ack carries as Alertmanager's webhooks do "
+                        "(default: the --state-dir lab's pager.token; none without a state dir)")  # fmt: skip
     p.add_argument("--state-dir", type=Path, default=None,
                    help="the native lab's state directory: its current run, and its drill to diagnose")  # fmt: skip
     return p
@@ -71,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_or_status(argv)
     if isinstance(args, int):
         return args
+    if args.pager_token_file is not None:
+        try:  # said now, in one line, not at the first Ack
+            read_token(args.pager_token_file, "--pager-token-file")
+        except UsageError as err:
+            print(f"{p.prog}: {err}", file=sys.stderr)
+            return 2
     if args.state_dir is not None and not args.state_dir.is_dir():
         print(f"{p.prog}: --state-dir: {args.state_dir} is not a directory", file=sys.stderr)
         return 2
@@ -108,49 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     # KEEP_ALIVE_S is closed; Starlette's thread pool (40) bounds the endpoints that block.
     # Measured under slow connections by benchmarks/bench_slow_connections.py.
     config = uvicorn.Config(
-        make_app(sources, hosts=hosts), log_level="warning", access_log=False, lifespan="off",
+        make_app(sources, hosts=hosts, pager_token=args.pager_token_file and args.pager_token_file.absolute()),
+        log_level="warning", access_log=False, lifespan="off",
         limit_concurrency=LIMIT_CONCURRENCY, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG,
-        http=_bounded_h11(),
+        http=bounded_h11(HEAD_TIMEOUT_S, MAX_WAITING),
     )  # fmt: skip
     print(f"{p.prog}: http://{args.host}:{args.port}/ (Prometheus {args.prometheus})", file=sys.stderr, flush=True)
     uvicorn.Server(config).run(sockets=[sock])  # stops on SIGINT and SIGTERM, as PID 1 in a container must
     return 0
-
-
-def _bounded_h11() -> type:
-    """uvicorn's h11 protocol with what it lacks against slow clients: a deadline for the
-    request head, and a cap on the connections waiting for theirs (uvicorn imported late)."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    waiting: dict = {}  # protocol -> its deadline's timer, oldest first (one server per process)
-
-    class BoundedH11(H11Protocol):
-        def connection_made(self, transport) -> None:  # noqa: ANN001 (asyncio's)
-            super().connection_made(transport)
-            waiting[self] = self.loop.call_later(HEAD_TIMEOUT_S, self._late)
-            if len(waiting) > MAX_WAITING:
-                next(iter(waiting))._late()
-
-        def _late(self) -> None:
-            self._headed()
-            if not self.transport.is_closing():
-                self.transport.close()
-
-        def _headed(self) -> None:
-            timer = waiting.pop(self, None)
-            if timer is not None:
-                timer.cancel()
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self.cycle is not None:  # a whole request head has come
-                self._headed()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._headed()
-            super().connection_lost(exc)
-
-    return BoundedH11
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
-from runwatch.core.names import CLUSTER_ALERTS, FIRST_FIRED, PLATE_ALERTS, url
+from runwatch.core.names import CLUSTER_ALERTS, FIRST_FIRED, PLATE_ALERTS, THRESHOLD, url
 
 OUT = Path(__file__).with_name("dashboards")
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="runwatch-prometheus")
@@ -51,7 +51,6 @@ ALERTMANAGER = DataSourceRef(type_val="alertmanager", uid="runwatch-alertmanager
 ALERTS = PLATE_ALERTS
 RUNBOOKS = f"{url('pager')}/runbooks"  # served by the pager (oncall/)
 RUN = 'run_id="$run"'
-THRESHOLD = "alert:runwatch_threshold:ratio"  # alerts.yml records each alert's threshold under it
 
 
 def threshold_line(alert: str, baseline: str) -> str:

@@ -1,6 +1,6 @@
 """Print the page log one line per page, like ``tail -f``, and the two command lines of the pager.
 
-Do not parse this output in tools; read the log with ``oncall.pager.read_pages`` instead.
+Do not parse this output in tools; read the log with ``runwatch.oncall.page_log.read_pages`` instead.
 
     >>> follow(Path(".runwatch/pages.jsonl"), follow=False)
     12:00:05  FIRING    TrainingLossJump      run=corrupt_shard-3  step=300  Loss jumped  runbook: http://127.0...
@@ -8,46 +8,27 @@ Do not parse this output in tools; read the log with ``oncall.pager.read_pages``
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import errno
 import json
-import re
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 from urllib.parse import urlencode, urlsplit
 from urllib.request import urlopen
 
 from runwatch.core.command import Parser, UsageError, read_json
-from runwatch.oncall.pager import (
-    RUNBOOK_BASE,
-    WATCHDOG_SILENT,
-    WATCHDOG_TIMEOUT_S,
-    is_page,
-    make_server,
-    read_incidents,
-    read_pages,
-    received_time,
-    rfc3339_ms,
-    time_to_ack,
-)
+from runwatch.core.names import RUNBOOK_BASE, url
+from runwatch.oncall.incidents import time_to_ack
+from runwatch.oncall.page_log import DEFAULT_LOG, read_incidents, read_pages
+from runwatch.oncall.records import is_page, received_time, rfc3339_ms
 
-DEFAULT_LOG = Path(".runwatch/pages.jsonl")  # inside the lab's state directory
-PROMETHEUS = "http://127.0.0.1:9090"  # the lab's, natively and through compose's published port
+PROMETHEUS = url("prometheus")  # the lab's, natively and through compose's published port
 # Alertmanager's group_wait (up to 5 s) and a few retries: a page later than this is lost, or late.
 UNPAGED_AFTER_S = 60.0
-TOKEN = re.compile(r"[A-Za-z0-9_-]{16,}")  # what --token-file holds: runwatch up writes secrets.token_urlsafe(32)
 UNPAGED_EVERY_S = 10.0
-_HERE = Path(__file__).resolve().parents[1]
-# The checkout's runbooks/ (oncall/ is runwatch.oncall, mapped from the top of the checkout), or,
-# installed from a wheel, the copy in the runwatch package (runwatch/oncall/ beside runwatch/configuration/).
-_RUNBOOK_DIRS = (_HERE / "runbooks", _HERE / "configuration" / "runbooks")
-DEFAULT_RUNBOOKS = next((d for d in _RUNBOOK_DIRS if d.is_dir()), _RUNBOOK_DIRS[0])
 
 
 def runbook_path(page: dict[str, Any]) -> str:
@@ -192,6 +173,10 @@ class Unpaged:
     log, it does not decide what should fire. Only an (alert, run) with no firing page at all
     counts, and only UNPAGED_AFTER_S after it first fired, so a page still on its way (group_wait,
     retries) or a re-fire held back by an ack's silence is not reported.
+
+    One of the two alerts decided outside PromQL, on purpose (the other is the pager's
+    WatchdogSilent, oncall/watchdog.py): it compares what Prometheus fired with what reached
+    the pager, which no rule can see, because a lost page is lost after Prometheus.
     """
 
     QUERY = 'min_over_time(timestamp(ALERTS{alertstate="firing",severity=~"page|critical|warning"})[1h:1s])'
@@ -307,26 +292,6 @@ def say_unacknowledged(log_path: Path, since: float | None = None) -> None:
         print(printable(f"runwatch pager: {len(waiting)} incident(s) unacknowledged: {names}; {hint}"), file=sys.stderr)
 
 
-def _interrupt(*_: object) -> NoReturn:
-    raise KeyboardInterrupt
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 86400], got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
-    return int(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``runwatch pager [--log PATH] [--follow]``: print the page log, and keep printing with --follow."""
     parser = Parser(prog="runwatch pager", description="Print the on-call page log, one line per page.")
@@ -371,88 +336,4 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"{parser.prog}: --log: cannot read {args.log}: {e.strerror or e}", file=sys.stderr)
         return 2
-    return 0
-
-
-def _read_token(prog: str, path: Path) -> str:
-    """--token-file's token; "" (said on stderr in one line) if the file holds none."""
-    try:
-        token = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        print(f"{prog}: --token-file: cannot read {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
-        return ""
-    if not TOKEN.fullmatch(token):
-        print(f"{prog}: --token-file: {path} does not hold a token (16 or more of A-Z a-z 0-9 - _)", file=sys.stderr)
-        return ""
-    return token
-
-
-def _serve_parser() -> Parser:
-    parser = Parser(prog="runwatch pager-serve", description="Receive Alertmanager webhooks into the page log.")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=9095, help="port to listen on (default 9095)")
-    parser.add_argument("--log", type=Path, default=DEFAULT_LOG, help=f"page log to append to (default {DEFAULT_LOG})")
-    parser.add_argument("--runbooks", type=Path, default=DEFAULT_RUNBOOKS, help="folder served at /runbooks/")
-    parser.add_argument(
-        "--allow-host", action="append", default=[], metavar="NAME",
-        help="a host name Alertmanager posts to, besides this machine's loopback (compose: pager); "
-        "a webhook with any other Host is refused",
-    )  # fmt: skip
-    parser.add_argument(
-        "--prometheus", default="", metavar="URL",
-        help="Prometheus whose rules in force each page stores (default: none, pages carry no rule)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--token-file", type=Path, default=None, metavar="PATH",
-        help="take webhooks only with this file's token as their Bearer credential (runwatch up gives "
-        "Alertmanager the same file); default: any local process may post",
-    )  # fmt: skip
-    parser.add_argument(
-        "--watchdog-timeout", type=_seconds, default=WATCHDOG_TIMEOUT_S, metavar="SECONDS",
-        help=f"page {WATCHDOG_SILENT} when the Watchdog heartbeat stops this long (default {WATCHDOG_TIMEOUT_S:g})",
-    )  # fmt: skip
-    return parser
-
-
-def serve_main(argv: list[str] | None = None) -> int:
-    """``runwatch pager-serve --host 127.0.0.1 --port 9095 --log PATH``: run the webhook receiver until interrupted."""
-    parser = _serve_parser()
-    args = parser.parse_or_status(argv)
-    if isinstance(args, int):
-        return args
-    if not args.runbooks.is_dir():
-        print(f"{parser.prog}: --runbooks: {args.runbooks} is not a directory", file=sys.stderr)
-        return 2
-    token = None if args.token_file is None else _read_token(parser.prog, args.token_file)
-    if token == "":
-        return 2
-    # As PID 1 in a container, SIGTERM without a handler is ignored and `docker compose stop`
-    # waits 10 s to SIGKILL: stop as Ctrl-C does, closing the server. Installed before the port
-    # is bound, so a SIGTERM that comes as soon as the port answers is handled too.
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        server = make_server(
-            args.host, args.port, args.log, runbooks=args.runbooks, watchdog_timeout=args.watchdog_timeout,
-            prometheus=args.prometheus, allow_hosts=args.allow_host, token=token,
-        )  # fmt: skip
-    except KeyboardInterrupt:  # stopped while loading the page log
-        return 0
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            print(f"{parser.prog}: port {args.port} is already in use (--port)", file=sys.stderr)
-        elif e.filename is not None:
-            print(f"{parser.prog}: cannot use page log {e.filename}: {e.strerror} (--log)", file=sys.stderr)
-        else:
-            print(
-                f"{parser.prog}: cannot listen on {args.host}:{args.port}: {e.strerror or e} (--host)", file=sys.stderr
-            )
-        return 2
-    try:
-        host, port = server.server_address[:2]
-        print(f"{parser.prog}: listening on http://{host}:{port}/webhook, page log {args.log}", file=sys.stderr)
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
     return 0

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 RULES = Path(__file__).with_name("rules")
-# The pager serves the runbooks (oncall/pager.py's RUNBOOK_BASE); a Kubernetes chart renders
+# The pager serves the runbooks (runwatch/core/names.py's RUNBOOK_BASE); a Kubernetes chart renders
 # the rules with the pager's in-cluster address instead (--base-url).
 BASE_URL = "http://127.0.0.1:9095/runbooks"
 RUNBOOK_URL_PATTERN = "{base}/{alertname}.md"

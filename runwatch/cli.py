@@ -35,9 +35,10 @@ COMMANDS: list[tuple[str, str, str, str]] = [
     ("query", "run a PromQL query against the lab's Prometheus (it has no web UI here)", "runwatch.query",
      "add_arguments"),
     ("drill", "start a lab whose incident (or none) is hidden: on-call practice", "runwatch.drill.drill", "add_drill"),
-    ("ack", "acknowledge a page: an Alertmanager silence for the alert and its run", "runwatch.drill.drill", "add_ack"),
-    ("diagnose", "name the drill's incident once; it is revealed and graded", "runwatch.drill.drill", "add_diagnose"),
-    ("postmortem", "write the drill's postmortem: PagerDuty's sections, timeline, plate", "runwatch.drill.drill",
+    ("ack", "acknowledge a page: an Alertmanager silence for the alert and its run", "runwatch.drill.ack", "add_ack"),
+    ("diagnose", "name the drill's incident once; it is revealed and graded", "runwatch.drill.diagnose",
+     "add_diagnose"),
+    ("postmortem", "write the drill's postmortem: PagerDuty's sections, timeline, plate", "runwatch.drill.postmortem",
      "add_postmortem"),
     ("flight-recorder", "every rank's last collective and step, and the rank that lags",
      "runwatch.cluster.flight_recorder", "add_arguments"),
@@ -51,7 +52,7 @@ COMMANDS: list[tuple[str, str, str, str]] = [
 # few seconds, loads nothing but the standard library.
 DELEGATED = {
     "pager": ("runwatch.oncall.follow", "main"),
-    "pager-serve": ("runwatch.oncall.follow", "serve_main"),
+    "pager-serve": ("runwatch.oncall.pager_serve", "main"),
     "console": ("runwatch.console.serve", "main"),
     "probe": ("runwatch.probe", "main"),
 }

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 import yaml
 
+from runwatch.core.names import RUNBOOK_BASE
 from runwatch.core.paths import REPO
-from runwatch.oncall.pager import RUNBOOK_BASE
 from tests.conftest import edit, need
 
 SCRIPT = REPO / "prometheus" / "make_annotations.py"

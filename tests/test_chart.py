@@ -655,7 +655,7 @@ def test_the_pager_s_service_monitor_scrapes_it_as_job_pager(rendered, tmp_path)
     """A real pager behind file_sd targets shaped as the endpoints of the rendered pager and
     console Services, scraped with the relabel configuration the operator writes for the pager's
     ServiceMonitor: one target, the pager, on job="pager" (PagerDown's `up{job="pager"}`)."""
-    from runwatch.oncall.pager import make_server
+    from runwatch.oncall.server import make_server
 
     docs = rendered["one rank"]
     [monitor] = of_kind(docs, "ServiceMonitor")

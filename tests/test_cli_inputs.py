@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runwatch.drill.drill import scoreboard_line
+from runwatch.drill.record import scoreboard_line
 from runwatch.prom.tools import binary
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.run import Trainer
@@ -194,7 +194,7 @@ def test_a_deeply_nested_page_log_line_is_skipped_and_the_pager_starts(tmp_path)
     `pager-serve` (and so `up`) from starting."""
     import io
 
-    from runwatch.oncall.pager import PageLog, read_pages
+    from runwatch.oncall.page_log import PageLog, read_pages
 
     log = tmp_path / "pages.jsonl"
     page = {"alert": "A", "fingerprint": "f", "starts_at": "s", "status": "firing", "received_at": "r"}

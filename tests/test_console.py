@@ -18,8 +18,9 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from runwatch.oncall.follow import DEFAULT_RUNBOOKS
-from runwatch.oncall.pager import make_server
+from runwatch.oncall.page_log import read_incidents
+from runwatch.oncall.pager_serve import DEFAULT_RUNBOOKS
+from runwatch.oncall.server import make_server
 from runwatch.prom.server import free_port, wait_ready
 from tests.conftest import runwatch
 
@@ -134,7 +135,9 @@ def test_a_form_without_the_consoles_token_or_from_another_origin_is_refused(con
 @pytest.mark.parametrize(
     "args, names",
     [(["--port", "70000"], "--port"), (["--prometheus", "ftp://x"], "--prometheus"),
-     (["--state-dir", "/nonexistent/state"], "--state-dir")],
+     (["--state-dir", "/nonexistent/state"], "--state-dir"),
+     (["--pager-token-file", "/nonexistent/pager.token"], "--pager-token-file"),
+     (["--pager-token-file", "/dev/null"], "--pager-token-file")],
 )  # fmt: skip
 def test_bad_flags_are_one_line(tmp_path, args, names):
     res = runwatch("console", *args, cwd=tmp_path, timeout=60)
@@ -290,3 +293,35 @@ def test_a_postmortem_and_its_plate_are_the_state_dirs_own_files(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_consoles_ack_carries_the_pagers_token(tmp_path):
+    """A pager with a token (the chart's, from its Secret) takes an ack only with it: the console
+    started with --pager-token-file passes it to `runwatch ack`, as Alertmanager's webhooks carry it."""
+    token = "t0ken-of-the-lab-0123456789abcdef"
+    (tmp_path / "pager.token").write_text(token + "\n")
+    page = {"received_at": "2026-01-01T00:00:01.000Z", "alert": "HeldOutGap", "status": "firing", "run_id": "r1",
+            "fingerprint": "f", "starts_at": "2026-01-01T00:00:00Z", "severity": "page"}  # fmt: skip
+    resolved = {**page, "status": "resolved", "received_at": "2026-01-01T00:00:09.000Z"}  # no silence to make
+    (tmp_path / "pages.jsonl").write_text(json.dumps(page) + "\n" + json.dumps(resolved) + "\n")
+    pager = make_server("127.0.0.1", 0, tmp_path / "pages.jsonl", registry=CollectorRegistry(), token=token)
+    threading.Thread(target=pager.serve_forever, daemon=True).start()
+    nowhere, port = f"http://127.0.0.1:{free_port()}", free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runwatch", "console", "--port", str(port), "--prometheus", nowhere,
+         "--alertmanager", nowhere, "--pager", f"http://127.0.0.1:{pager.server_address[1]}",
+         "--pager-token-file", str(tmp_path / "pager.token")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_ready(f"{base}/-/ready", 30, proc), proc.stderr.read()
+        form_token = re.search(r'name="token" value="([^"]+)"', requests.get(f"{base}/?run=r1", timeout=10).text)[1]
+        form = {"alert": "HeldOutGap", "run": "r1", "comment": "train far below held-out", "token": form_token}
+        resp = requests.post(f"{base}/ack", data=form, headers={"Origin": base}, timeout=60)
+        assert resp.status_code == 200 and "acknowledged HeldOutGap for run r1" in resp.text, resp.text[-2000:]
+        assert [i["state"] for i in read_incidents(tmp_path / "pages.jsonl")] == ["resolved"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        pager.shutdown()

@@ -15,7 +15,9 @@ import requests
 import yaml
 
 from runwatch.core.paths import REPO
-from runwatch.oncall.pager import read_incidents, read_pages, received_time, time_to_ack
+from runwatch.oncall.incidents import time_to_ack
+from runwatch.oncall.page_log import read_incidents, read_pages
+from runwatch.oncall.records import received_time
 from runwatch.prom.server import instant
 from runwatch.trainer.config import TrainConfig
 from tests.conftest import as_the_lab_s_alertmanager, wait_for

@@ -20,7 +20,7 @@ import yaml
 from runwatch.console.sources import Sources
 from runwatch.core.names import FIRST_FIRED
 from runwatch.core.paths import REPO
-from runwatch.oncall.pager import read_pages
+from runwatch.oncall.page_log import read_pages
 from runwatch.prom.server import Process, free_port, instant, prometheus_argv
 from runwatch.readouts import dashboard_queries as dq
 from runwatch.readouts.picture import collect, draw, windows

@@ -19,8 +19,8 @@ import requests
 
 from runwatch.core import credentials
 from runwatch.core.addresses import lab_url
-from runwatch.drill.drill import notification_window_s
-from runwatch.oncall.pager import read_pages
+from runwatch.drill.confirm import notification_window_s
+from runwatch.oncall.page_log import read_pages
 from runwatch.prom.server import instant
 from tests.conftest import as_the_lab_s_alertmanager, runwatch, wait_for
 

@@ -153,7 +153,7 @@ def test_the_console_over_a_damaged_drill_json_serves_its_page(console, damage):
 
 
 def a_page(received_at: object = "2026-01-01T00:00:00.000Z", fingerprint: object = "f00d") -> str:
-    from runwatch.oncall.pager import page_record
+    from runwatch.oncall.records import page_record
 
     alert = {"status": "firing", "labels": {"alertname": "HeldOutGap", "run_id": "r1"}, "annotations": {},
              "fingerprint": "f00d", "startsAt": "2026-01-01T00:00:00Z"}  # fmt: skip

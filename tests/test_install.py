@@ -50,7 +50,7 @@ def test_a_wheel_in_a_fresh_venv_checks_and_backtests_from_outside_the_checkout(
         for part in (
             "trainer/run.py",
             "exporter/metrics.py",
-            "oncall/pager.py",
+            "oncall/app.py",
             "console/app.py",
             "core/names.py",
             "watch.py",

@@ -22,8 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runwatch.backtest.backtest import duration_seconds
 from runwatch.core.addresses import DEFAULT_PORTS
+from runwatch.core.names import RUNBOOK_BASE
 from runwatch.lab.supervise import Component, Lab
-from runwatch.oncall.pager import RUNBOOK_BASE, WATCHDOG_TIMEOUT_S, read_pages, received_time
+from runwatch.oncall.page_log import read_pages
+from runwatch.oncall.records import received_time
+from runwatch.oncall.watchdog import WATCHDOG_TIMEOUT_S
 from runwatch.prom.server import free_port, free_ports_in_a_row, instant, wait_ready
 from tests.conftest import GRAFANA_PORT, LINK, edit, holds, metric, project_links, runwatch, threshold, wait_for
 

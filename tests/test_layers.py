@@ -7,6 +7,7 @@ deferred into a function still makes the two modules depend on each other.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -118,7 +119,7 @@ def test_the_walker_finds_a_cycle():
 def test_the_walker_sees_every_part_of_the_namespace():
     mods = modules()
     expected = ["runwatch.cli", "runwatch.core.names", "runwatch.trainer.run", "runwatch.exporter.metrics"]
-    expected += ["runwatch.oncall.pager", "runwatch.console.app", "runwatch.backtest.inline", "runwatch.lab.supervise"]
+    expected += ["runwatch.oncall.app", "runwatch.console.app", "runwatch.backtest.inline", "runwatch.lab.supervise"]
     for name in expected:
         assert name in mods, name
     assert not [m for m in mods if ".configuration" in m]
@@ -171,6 +172,12 @@ def test_the_subcommands_are_found():
     found = subcommands()
     expected = {"runwatch.train", "runwatch.backtest.backtest", "runwatch.lab.lab", "runwatch.drill.drill"}
     expected |= {"runwatch.readouts.plate", "runwatch.oncall.follow", "runwatch.console.serve", "runwatch.probe"}
+    expected |= {
+        "runwatch.oncall.pager_serve",
+        "runwatch.drill.ack",
+        "runwatch.drill.diagnose",
+        "runwatch.drill.postmortem",
+    }
     assert expected <= found
 
 
@@ -192,12 +199,15 @@ def test_every_package_says_what_it_holds(package):
 
 def test_the_pager_stands_alone():
     """oncall/ talks to the rest of the lab over HTTP only: of the project it imports itself,
-    the command-line conventions every command shares and the Host names a server answers to
-    (core.addresses, as the console does), nothing else."""
+    the command-line conventions every command shares, the lab's names (its runbooks' address),
+    the Host names a server answers to (core.addresses) and the server stack (core.serving), as
+    the console does; nothing else."""
     g = graph()
+    allowed = {"runwatch.core.command", "runwatch.core.addresses", "runwatch.core.names", "runwatch.core.serving"}
+    allowed |= {"runwatch.core.token"}  # the lab's token, read as `runwatch ack` reads it
     for name in (m for m in g if m.startswith("runwatch.oncall.")):
         others = {t for t in g[name] if not t.startswith("runwatch.oncall.")}
-        assert others <= {"runwatch.core.command", "runwatch.core.addresses"}, (name, others)
+        assert others <= allowed, (name, others)
 
 
 # What the console may use of the house: the command-line conventions, the lab's names and where
@@ -209,7 +219,8 @@ def test_the_pager_stands_alone():
 CONSOLE_USES = {
     "runwatch.core.command", "runwatch.core.names", "runwatch.core.paths", "runwatch.core.addresses",
     "runwatch.readouts.dashboard_queries", "runwatch.readouts.picture", "runwatch.prom.server",
-    "runwatch.trainer.config", "runwatch.core.files", "runwatch.core.bounded",
+    "runwatch.trainer.config", "runwatch.core.files", "runwatch.core.bounded", "runwatch.core.durations",
+    "runwatch.core.serving", "runwatch.core.token",
 }  # fmt: skip
 
 
@@ -236,12 +247,11 @@ def test_the_exporter_takes_a_record_not_the_trainer():
 
 def test_the_standalone_pager_listens_where_the_lab_says():
     """The pager keeps its own default port (it stands alone); it must be the lab's."""
-    from runwatch.core.names import PORTS, url
+    from runwatch.core.names import PORTS, RUNBOOK_BASE, url
     from runwatch.oncall.follow import PROMETHEUS
-    from runwatch.oncall.pager import RUNBOOK_BASE
+    from runwatch.oncall.pager_serve import _serve_parser
 
-    text = (REPO / "oncall" / "follow.py").read_text()
-    assert f'"--port", type=_port, default={PORTS["pager"]}' in text
+    assert _serve_parser().get_default("port") == PORTS["pager"]
     assert RUNBOOK_BASE == f"{url('pager')}/runbooks"
     assert PROMETHEUS == url("prometheus")  # where `runwatch pager` looks for alerts that never paged
 
@@ -274,3 +284,25 @@ def test_every_test_security_md_names_exists():
     assert len(named) > 40
     missing = [f"{f}::{t}" for f, t in named if not re.search(rf"^def {t}\(", (REPO / f).read_text(), re.M)]
     assert missing == []
+
+
+def _constants(path: Path) -> list[tuple[int, str]]:
+    """The string constants a module's code holds (its docstrings are prose, and left out)."""
+    tree = ast.parse(path.read_text())
+    prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in prose]  # fmt: skip
+
+
+def test_each_name_and_address_has_one_home():
+    """Issue 39: the threshold rule's name was defined in three modules, and the pager's and the
+    follower's addresses were written out where core.names says them. A second home fails here."""
+    address = re.compile(r"(?:https?://)?127\.0\.0\.1:\d+")
+    found = []
+    for name, path in {**modules(), "grafana.dashboards": REPO / "grafana" / "dashboards.py"}.items():
+        if name.startswith("runwatch.core."):
+            continue
+        for line, value in _constants(path):
+            if value == "alert:runwatch_threshold:ratio" or address.match(value):
+                found.append(f"{path.relative_to(REPO)}:{line} {value!r}")
+    assert not found, f"use runwatch.core.names (THRESHOLD, url(), PORTS): {found}"

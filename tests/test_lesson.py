@@ -234,8 +234,8 @@ def test_the_console_s_lessons_page_checks_with_its_token_against_a_real_pager(t
     from prometheus_client import CollectorRegistry
 
     from runwatch.console.lessons import LIST_KEPT_S
-    from runwatch.oncall.follow import DEFAULT_RUNBOOKS
-    from runwatch.oncall.pager import make_server
+    from runwatch.oncall.pager_serve import DEFAULT_RUNBOOKS
+    from runwatch.oncall.server import make_server
     from runwatch.prom.server import free_port, wait_ready
 
     page = {"received_at": "2026-01-01T00:00:01.000Z", "alert": "TrainingLossJump", "status": "firing",

@@ -20,7 +20,7 @@ import yaml
 
 from runwatch.core.addresses import lab_url
 from runwatch.core.paths import REPO
-from runwatch.oncall.pager import read_incidents, read_pages
+from runwatch.oncall.page_log import read_incidents, read_pages
 from runwatch.prom.server import instant
 from tests.conftest import LabStart, holds, runwatch, wait_for
 from tests.test_console_e2e import REFRESH_S, incident, resolved_within_s

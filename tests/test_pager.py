@@ -18,8 +18,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from runwatch.core.paths import REPO
-from runwatch.oncall.follow import follow, format_page, main, serve_main
-from runwatch.oncall.pager import RULES_TIMEOUT_S, make_server, read_pages
+from runwatch.oncall.follow import follow, format_page, main
+from runwatch.oncall.page_log import read_pages
+from runwatch.oncall.pager_serve import main as serve_main
+from runwatch.oncall.prometheus import RULES_TIMEOUT_S
+from runwatch.oncall.records import rfc3339_ms
+from runwatch.oncall.server import SHUTDOWN_GRACE_S, make_server
+from runwatch.oncall.watchdog import Watchdog
 from runwatch.prom.server import Process, free_port, prometheus_argv
 from tests.conftest import edit, need, threshold
 
@@ -464,20 +469,41 @@ def _wait_for(predicate, timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+class _Polls(threading.Event):
+    """follow()'s stop event, which also counts the polls follow() waits between: a test waits
+    for follow() to have read the log again, not for a guessed number of seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count, self.polled = 0, threading.Condition()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self.polled:
+            self.count += 1
+            self.polled.notify_all()
+        return super().wait(timeout)
+
+    def read_again(self) -> None:
+        """Return once follow() has read the log at least once more from now."""
+        with self.polled:
+            target = self.count + 2  # the read in progress may have begun before now
+            assert self.polled.wait_for(lambda: self.count >= target, timeout=5), "follow() stopped polling"
+
+
 def test_follow_prints_existing_then_appended_pages(tmp_path):
     log_path = tmp_path / "pages.jsonl"
-    out, stop = io.StringIO(), threading.Event()
+    out, stop = io.StringIO(), _Polls()
     thread = threading.Thread(target=follow, args=(log_path, out), kwargs={"poll": 0.01, "stop": stop})
     thread.start()
     try:
-        time.sleep(0.05)  # the log does not exist yet
+        stop.read_again()  # it has looked for the log, which does not exist yet
         log_path.write_text(json.dumps(PAGE) + "\n")
         _wait_for(lambda: out.getvalue() == LINE + "\n")
         later = json.dumps({**PAGE, "status": "resolved"})
         with open(log_path, "a") as f:
             f.write(later[:20])  # half-written line: not printed until its newline
             f.flush()
-            time.sleep(0.05)
+            stop.read_again()
             assert out.getvalue().count("\n") == 1
             f.write(later[20:] + "\n")
         _wait_for(lambda: "RESOLVED" in out.getvalue())
@@ -574,7 +600,7 @@ def test_runbooks_are_served_and_nothing_outside_them(tmp_path):
     import urllib.error
     import urllib.request
 
-    from runwatch.oncall.follow import DEFAULT_RUNBOOKS
+    from runwatch.oncall.pager_serve import DEFAULT_RUNBOOKS
 
     server = make_server(
         "127.0.0.1", 0, tmp_path / "pages.jsonl", registry=CollectorRegistry(), runbooks=DEFAULT_RUNBOOKS
@@ -607,42 +633,59 @@ def watchdog_payload(status: str = "firing") -> dict:
     return payload(beat)
 
 
-def test_watchdog_silence_pages_once_and_its_return_resolves(tmp_path):
+def test_the_watchdog_pages_once_past_its_timeout_and_its_return_resolves():
+    """The dead-man's switch, a pure function of an injected clock: no server, no waiting."""
+    dog = Watchdog(timeout=30)
+    assert dog.check(NOW) is None and dog.check(NOW + 1e6) is None  # not armed before the first heartbeat
+    assert dog.beat(NOW) is None  # a heartbeat is not a page
+    assert dog.check(NOW + 30) is None  # at the timeout, not yet past it
+    page = dog.check(NOW + 31)
+    assert (page["alert"], page["status"], page["severity"]) == ("WatchdogSilent", "firing", "critical")
+    assert "31s" in page["description"] and page["runbook_url"].endswith("/runbooks/WatchdogSilent.md")
+    assert page["starts_at"] == rfc3339_ms(NOW)  # silent since the last heartbeat
+    assert dog.check(NOW + 60) is None  # still silent: no second page
+    back = dog.beat(NOW + 61)
+    assert (back["status"], back["starts_at"], back["fingerprint"]) == ("resolved", page["starts_at"], "pager-watchdog")
+    assert dog.beat(NOW + 62) is None and dog.check(NOW + 62) is None
+
+
+class _Once(threading.Event):
+    """A stop event that lets the watch loop check once, then stops it: the loop runs in the test's
+    own thread, and nothing waits."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        done = self.is_set()
+        self.set()
+        return done
+
+
+def test_the_pager_hears_the_heartbeat_and_stores_its_silence_once(tmp_path):
+    """Over HTTP: a firing Watchdog is the heartbeat (a resolved one is not), the watch loop
+    stores the silence once, and the next heartbeat stores its resolution."""
     now = [NOW]
     registry = CollectorRegistry()
-    server = make_server(
-        "127.0.0.1", 0, tmp_path / "pages.jsonl", registry=registry, clock=lambda: now[0], watchdog_timeout=30
-    )
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    stop = threading.Event()
-    threading.Thread(target=server.watch, args=(stop, 0.02), daemon=True).start()  # a fast checker for the test
+    server = make_server("127.0.0.1", 0, tmp_path / "pages.jsonl", registry=registry, clock=lambda: now[0],
+                         watchdog_timeout=30)  # fmt: skip
+    threading.Thread(target=server.serve_forever, daemon=True).start()
 
-    def post(path: str, obj: dict) -> int:
+    def post(obj: dict) -> int:
         conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
-        conn.request("POST", path, body=json.dumps(obj).encode(), headers={"Content-Type": "application/json"})
+        conn.request("POST", "/watchdog", body=json.dumps(obj).encode(), headers={"Content-Type": "application/json"})
         return conn.getresponse().status
 
     try:
-        time.sleep(0.2)
-        assert read_pages(tmp_path / "pages.jsonl") == []  # not armed before the first heartbeat
-        assert post("/watchdog", watchdog_payload()) == 200
+        assert post(watchdog_payload()) == 200
         assert registry.get_sample_value("runwatch_pager_watchdog_last_timestamp_seconds") == NOW
         assert read_pages(tmp_path / "pages.jsonl") == []  # a heartbeat is not a page
-        now[0] = NOW + 30
-        time.sleep(0.2)
-        assert read_pages(tmp_path / "pages.jsonl") == []  # at the timeout, not yet past it
         now[0] = NOW + 31
-        deadline = time.monotonic() + 5
-        while not read_pages(tmp_path / "pages.jsonl") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        now[0] = NOW + 60
-        time.sleep(0.2)  # still silent: no second page
+        assert post(watchdog_payload("resolved")) == 200  # Prometheus stopped: not a heartbeat
+        assert registry.get_sample_value("runwatch_pager_watchdog_last_timestamp_seconds") == NOW
+        server.watch(_Once())
+        server.watch(_Once())  # still silent: no second page
         pages = read_pages(tmp_path / "pages.jsonl")
-        assert [(p["alert"], p["status"], p["severity"]) for p in pages] == [("WatchdogSilent", "firing", "critical")]
-        assert "31s" in pages[0]["description"] and pages[0]["runbook_url"].endswith("/runbooks/WatchdogSilent.md")
-        assert post("/watchdog", watchdog_payload("resolved")) == 200  # Prometheus stopped: not a heartbeat
-        assert len(read_pages(tmp_path / "pages.jsonl")) == 1
-        assert post("/watchdog", watchdog_payload()) == 200
+        assert [(p["alert"], p["status"]) for p in pages] == [("WatchdogSilent", "firing")]
+        now[0] = NOW + 40
+        assert post(watchdog_payload()) == 200
         pages = read_pages(tmp_path / "pages.jsonl")
         assert [(p["alert"], p["status"]) for p in pages] == [
             ("WatchdogSilent", "firing"),
@@ -650,38 +693,53 @@ def test_watchdog_silence_pages_once_and_its_return_resolves(tmp_path):
         ]
         assert registry.get_sample_value("runwatch_pager_pages_total", {"status": "firing"}) == 1
     finally:
-        stop.set()
         server.shutdown()
         server.server_close()
 
 
 @pytest.mark.integration
-def test_serve_stops_cleanly_on_sigterm(tmp_path):
+def test_serve_stops_cleanly_on_sigterm_however_soon_it_comes(tmp_path):
     """As PID 1 in a container a Python without a SIGTERM handler ignores it: `docker compose stop`
-    would wait 10 s and SIGKILL it."""
+    would wait 10 s and SIGKILL it. Eight pagers, each sent SIGTERM the moment its port answers:
+    one in five once died of SIGINT (a KeyboardInterrupt raised inside an import's generated
+    code) or printed a traceback (inside the event loop's construction). Each must exit 0."""
     import subprocess
     import sys
 
     from tests.conftest import free_port
 
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runwatch", "pager-serve", "--port", str(port), "--log", str(tmp_path / "p.jsonl")],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    procs = {}
+    for n in range(8):
+        port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "runwatch",
+            "pager-serve",
+            "--port",
+            str(port),
+            "--log",
+            str(tmp_path / f"{n}.jsonl"),
+        ]
+        procs[port] = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        proc.terminate()
-        assert proc.wait(timeout=5) == 0
-        assert "Traceback" not in proc.stderr.read()
+        deadline = time.monotonic() + 60
+        waiting = set(procs)
+        while waiting and time.monotonic() < deadline:
+            for port in sorted(waiting):
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                except OSError:
+                    continue
+                procs[port].terminate()
+                waiting.discard(port)
+        assert not waiting, "a pager never answered"
+        for proc in procs.values():
+            assert proc.wait(timeout=SHUTDOWN_GRACE_S + 5) == 0
+            assert "Traceback" not in proc.stderr.read()
     finally:
-        proc.kill()
+        for proc in procs.values():
+            proc.kill()
 
 
 def test_serve_cli_bad_watchdog_timeout_names_the_flag(capsys):

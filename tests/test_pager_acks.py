@@ -5,7 +5,7 @@ connection (a KeyError in the pager)."""
 
 from __future__ import annotations
 
-from runwatch.oncall.pager import read_incidents
+from runwatch.oncall.page_log import read_incidents
 from tests.test_incidents import pager  # noqa: F401 (the fixture: a pager on a free port)
 from tests.test_pager import alert
 

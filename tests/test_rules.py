@@ -10,9 +10,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runwatch.core.names import CLUSTER_ALERTS, LESSON20_ALERTS, META_ALERTS, META_GROUP, PLATE_ALERTS, TARGET_ALERTS
+from runwatch.core.names import (
+    CLUSTER_ALERTS,
+    LESSON20_ALERTS,
+    META_ALERTS,
+    META_GROUP,
+    PLATE_ALERTS,
+    RUNBOOK_BASE,
+    TARGET_ALERTS,
+)
 from runwatch.core.paths import REPO
-from runwatch.oncall.pager import RUNBOOK_BASE
 from tests.conftest import edit, need, threshold
 
 RULES = REPO / "prometheus" / "rules"

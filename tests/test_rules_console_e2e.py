@@ -14,7 +14,7 @@ import requests
 import yaml
 
 from runwatch.backtest.signatures import SIGNATURES
-from runwatch.oncall.pager import read_pages
+from runwatch.oncall.page_log import read_pages
 from runwatch.prom.server import instant
 from tests.conftest import wait_for
 

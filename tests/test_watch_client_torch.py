@@ -28,7 +28,7 @@ import yaml
 from runwatch.backtest.backtest import duration_seconds
 from runwatch.backtest.signatures import CLUSTER_SIGNATURES, SIGNATURES
 from runwatch.core.paths import REPO
-from runwatch.oncall.pager import read_pages
+from runwatch.oncall.page_log import read_pages
 from runwatch.prom.server import free_port, free_ports_in_a_row, instant
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.run import struck_rank

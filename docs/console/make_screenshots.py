@@ -23,7 +23,7 @@ from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
 
-from runwatch.oncall.pager import read_pages
+from runwatch.oncall.page_log import read_pages
 
 HERE = Path(__file__).parent
 CONSOLE = "http://127.0.0.1:9096"

@@ -63,6 +63,7 @@ from runwatch.backtest.remote_write import push, write_request
 from runwatch.backtest.sweep import Strengths, parse_strengths
 from runwatch.core.bounded import MAX_RULE_FILE_BYTES, BoundedReadError, load_yaml, regular_file
 from runwatch.core.command import Command, UsageError, check_writable, config_error, number
+from runwatch.core.durations import duration_seconds
 from runwatch.core.files import write_atomic
 from runwatch.core.names import CLUSTER_ALERTS, LOOPBACK, META_GROUP, PORTS
 from runwatch.core.paths import Layout
@@ -125,18 +126,6 @@ def parse_seeds(text: str) -> list[int]:
             raise UsageError(f"--seeds: at most {MAX_SEEDS} seeds in one backtest, got {text!r}")
         seeds.update(range(lo, hi + 1))
     return sorted(seeds)
-
-
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def duration_seconds(text: str) -> float:
-    """A Prometheus duration such as '10s' or '1m30s', in seconds."""
-    parts = _DURATION.findall(text or "0s")
-    if not parts or "".join(n + u for n, u in parts) != text:
-        return 0.0 if text in ("", "0") else float("nan")
-    return sum(int(n) * _UNIT_SECONDS[u] for n, u in parts)
 
 
 @dataclass
@@ -307,9 +296,7 @@ def _simulate_chunk(
 
 def firing_query(condition: str, rule: dict) -> str:
     """PromQL over an alert's condition: firing at T when it held at every evaluation of its `for`."""
-    hold = duration_seconds(str(rule.get("for", "0s")))
-    if hold != hold:  # NaN: promtool accepted it, so this parser is the one that is wrong
-        raise UsageError(f"--rules: cannot read for: {rule.get('for')!r} of alert {rule['alert']}")
+    hold = duration_seconds(str(rule.get("for", "0s")), f"--rules: for: of alert {rule['alert']}")
     n = int(round(hold))  # evaluations are 1 s apart
     if n == 0:  # held at the one evaluation in [T, T]: the condition itself, without a subquery's cost
         return condition

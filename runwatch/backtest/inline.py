@@ -38,6 +38,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from runwatch.core.durations import duration_ms
+
 _TOKEN = re.compile(
     r"""(?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
       |(?P<comment>\#[^\n]*)
@@ -261,13 +263,9 @@ class Inliner:
         return self._done[key]
 
 
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000, "y": 31_536_000_000}
-
-
 def _offset(offset: str | None, lag: int) -> str | None:
     """A reference's offset, `lag` seconds further back: as written when there is no lag."""
     if not lag:
         return offset
-    sign, text = (-1, offset[1:]) if offset and offset.startswith("-") else (1, offset or "")
-    ms = sign * sum(int(n) * _UNIT_MS[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", text))
+    ms = duration_ms(offset, "offset") if offset else 0
     return f"{ms + 1000 * lag}ms"

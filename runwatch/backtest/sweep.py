@@ -34,10 +34,11 @@ from typing import Any
 from runwatch.backtest import signatures
 from runwatch.backtest.inline import references
 from runwatch.core.command import UsageError
+from runwatch.core.durations import duration_seconds
 from runwatch.core.files import write_atomic
+from runwatch.core.names import THRESHOLD
 from runwatch.trainer.config import SCALED_INCIDENTS, TrainConfig
 
-THRESHOLD = "alert:runwatch_threshold:ratio"  # alerts.yml: one recording per alert, labelled alertname
 MAX_VALUES = 32  # each value is one more query over every run
 ONSET = TrainConfig().onset  # the backtest's runs all start their incident here
 HOUR = 3600.0
@@ -164,8 +165,7 @@ def parse_sweep(text: str) -> Sweep:
 def _value(text: str, field: str) -> float:
     if field == "threshold":
         return float(text)
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-    seconds = sum(int(n) * units[u] for n, u in re.findall(r"(\d+)(ms|s|m|h)", text))
+    seconds = duration_seconds(text, "--sweep")
     if seconds != int(seconds):  # the rules evaluate every second
         raise UsageError(f"--sweep: a for: must be whole seconds, got {text!r}")
     return seconds

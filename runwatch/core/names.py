@@ -21,6 +21,9 @@ META_GROUP = "runwatch-meta"
 FIRST_FIRED = "run_alert:runwatch_train_step:first_fired"
 # The same record for a cluster run, on its ranks' furthest step (cluster.yml)
 FIRST_FIRED_RANKS = "run_alert:runwatch_rank_step:first_fired"
+# The recording rule that holds each model alert's threshold, one series per alert labelled
+# alertname (alerts.yml): the alerts, the dashboards, the console's Rules page and the sweep read it.
+THRESHOLD = "alert:runwatch_threshold:ratio"
 # Recorded while every baseline the plate's four alerts compare with exists for a run
 # (baselines.yml): a live trainer holds its incident's onset until it does.
 BASELINES_READY = "run:runwatch_baselines:ready"
@@ -42,3 +45,8 @@ LOOPBACK = "127.0.0.1"
 def url(component: str) -> str:
     """Where a learner's browser (and every command) reaches a component: http://127.0.0.1:PORT."""
     return f"http://{LOOPBACK}:{PORTS[component]}"
+
+
+# Runbooks are served by the pager itself, at the address it has in both worlds (natively and
+# through compose's published port), so a page's link opens wherever the learner reads it.
+RUNBOOK_BASE = f"{url('pager')}/runbooks"

@@ -1,6 +1,8 @@
-"""On-call drills: `runwatch drill | ack | diagnose | postmortem` (drill.py) and the drill's sealed
-answer, built in one place (answer.py).
+"""On-call drills: `runwatch drill`, `ack`, `diagnose` and `postmortem`, each in the module of its
+name; the drill's record (record.py), the pages Prometheus confirms (confirm.py), and the
+drill's sealed answer, built in one place (answer.py).
 
 answer.py is low in the house (the trainer's config and seal only): the trainer's command, the
-cluster's launcher and the lab seal through it. drill.py sits on top of the lab and the readouts.
+cluster's launcher and the lab seal through it. The commands sit on top of the lab and the
+readouts, and import none of each other.
 """

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import requests
 
+from runwatch.core.durations import DurationError, duration_seconds
 from runwatch.prom.server import instant, query_range, quoted
 
 SCRAPE_INTERVAL_S = 1  # the Prometheus datasource's timeInterval (grafana/provisioning)
@@ -77,10 +78,10 @@ def queries(dashboard: dict) -> list[Query]:
 
 def seconds(duration: str) -> int:
     """A panel's interval ("1s", "15s", "1m") in whole seconds."""
-    m = re.fullmatch(r"(\d+)([smh])", duration.strip())
-    if not m:
-        raise ValueError(f"panel interval {duration!r}: expected a whole number of s, m or h")
-    return int(m[1]) * {"s": 1, "m": 60, "h": 3600}[m[2]]
+    value = duration_seconds(duration.strip(), "panel interval")
+    if value != int(value):
+        raise DurationError(f"panel interval: {duration!r} is not a whole number of seconds")
+    return int(value)
 
 
 def grafana_intervals(
