@@ -29,12 +29,12 @@ import requests
 import yaml
 
 from runwatch.backtest.signatures import CLUSTER_SIGNATURES, SIGNATURES
+from runwatch.core.durations import duration_seconds
 from runwatch.core.paths import Layout
 from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.trainer.config import ConfigError, TrainConfig
 from runwatch.trainer.run import incident_active
 
-DURATION = re.compile(r"(\d+)(ms|s|m|h)")
 # Seconds of lab clock a step takes from the onset on: one, but on a slower device (trainer.config)
 SLOWED = {"slow_node": "slow_factor", "straggler": "straggler_clock"}
 
@@ -61,7 +61,9 @@ def windows(answer: dict, ranks: int = 1) -> list[list[int]]:
 
 
 def seconds(text: object) -> float:
-    return sum(int(n) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for n, u in DURATION.findall(str(text)))
+    """A configuration's Prometheus duration (`5s`, `1m30s`) in seconds: runwatch.core.durations'
+    grammar, the one every reader shares."""
+    return duration_seconds(str(text), "a duration in prometheus.yml or alertmanager.yml")
 
 
 def severity(alert: str, layout: Layout) -> str:
