@@ -790,6 +790,26 @@ def test_alertmanager_s_webhooks_carry_the_pager_s_token_from_a_secret(rendered,
 
 
 @pytest.mark.integration
+def test_the_console_s_ack_carries_the_pager_s_token(rendered):
+    """The pager takes an ack only with its token: the chart's console reads it from the pager's
+    Secret (--pager-token-file), or every Ack clicked in it would be refused."""
+    docs = rendered["one rank"]
+    [pager] = [d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "rw-runwatch-pager"]
+    [console] = [d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "rw-runwatch-console"]
+
+    def token_file(deployment: dict, flag: str) -> tuple[str, str]:
+        """The Secret a container's token flag reads from, and the key."""
+        spec = pod_spec(deployment)
+        [container] = spec["containers"]
+        [path] = [a.split("=", 1)[1] for a in container["command"] if a.startswith(f"{flag}=")]
+        [mount] = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+        [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        return volume["secret"]["secretName"], path.removeprefix(mount["mountPath"] + "/")
+
+    assert token_file(console, "--pager-token-file") == token_file(pager, "--token-file")
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("render_name", RENDERS)
 def test_every_scratch_folder_and_container_is_capped(rendered, render_name):
     """N25: the /tmp emptyDirs had no sizeLimit, and no container a CPU limit."""
