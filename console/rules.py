@@ -8,7 +8,12 @@ then applied).
   it (`runwatch check --root COPY`: promtool check rules and config, the promtool unit tests,
   amtool). If a check fails, it shows promtool's message and writes nothing. Otherwise it keeps
   the file's previous version beside it (`alerts.yml.previous`, which Prometheus does not load),
-  writes the edited file atomically and runs `runwatch reload`.
+  swaps the edited file in and runs `runwatch reload`. The swap compares the file's content
+  first (runwatch.core.files.replace_if): a save made on disk during the checks is kept, and
+  the edit refused.
+
+One writer at a time: a second Apply while one runs is told to wait, and at most MAX_BACKTESTS
+backtests run at once; each command the page runs is a process group of its own, ended whole.
 
 The file is edited line by line: only the edited rule's `expr:` (written as a literal block),
 its `for:` line and its threshold recording's `expr:` change, and every comment stays. The
@@ -22,16 +27,20 @@ read-only pass-through of a few of Prometheus's metadata endpoints, so the page'
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 import textwrap
-import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import requests
@@ -41,7 +50,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from runwatch.core.files import write_atomic
+from runwatch.core.files import replace_if
 from runwatch.core.paths import Layout
 
 THRESHOLD = "alert:runwatch_threshold:ratio"  # alerts.yml: one recording per alert, labelled alertname
@@ -53,6 +62,9 @@ STRENGTHS = re.compile(r"\d*\.?\d+-\d*\.?\d+|\d*\.?\d+(?:,\d*\.?\d+)*")
 MAX_EDIT_EXPR = 4000  # characters: far more than any rule here, little enough to refuse a paste gone wrong
 BACKTEST_TIMEOUT_S = 600  # a cold backtest of 100 seeds is 10 s quiet, a minute on a loaded machine
 KEPT_PLOTS = 20
+MAX_BACKTESTS = 1  # at a time: each trains its runs on every core (runwatch backtest --workers)
+CHECK_TIMEOUT_S = 120  # `runwatch check` of a copy, then `runwatch reload`: promtool's unit tests take seconds
+GROUP_END_S = 5.0  # a SIGKILLed process group's members end at once; a zombie awaits its reaper
 PROXIED = re.compile(r"labels|label/[A-Za-z_][A-Za-z0-9_]*/values|series|metadata")
 # the sweep a Backtest draws around the edited value: below and above it
 THRESHOLD_FACTORS = (0.6, 0.8, 0.9, 1.1, 1.25, 1.5)
@@ -260,10 +272,17 @@ def _seconds(text: str) -> int:
 
 
 class Workbench:
-    """The Rules page's state: one apply at a time, and the plots of recent backtests."""
+    """The Rules page's state: one writer at a time, a bounded number of backtests, and the
+    plots of recent backtests.
+
+    `applying` is an asyncio lock, taken in the event loop and never held by a thread: a
+    threading.Lock held across an `await` hung the console for good at a second Apply (issue
+    40, N1). A second Apply, or a backtest past MAX_BACKTESTS, is told to wait, not queued.
+    """
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.applying = asyncio.Lock()
+        self.backtests = 0  # running now; counted in the event loop, so no lock
         self.plots = Path(tempfile.mkdtemp(prefix="runwatch-console-plots-"))
 
     def plot_name(self) -> str:
@@ -280,16 +299,38 @@ def _workbench(request: Request) -> Workbench:
     return state.workbench
 
 
-def _run(console: Any, *args: str, timeout: float, progress: bool = True) -> tuple[int, str]:
+def _run(console: Any, *args: str, timeout: float, progress: bool = True, tmp: Path | None = None) -> tuple[int, str]:
     """`runwatch ARGS` as the console runs its commands; (exit status, what it printed). Without
     `progress`, a command that succeeded shows its stdout only (a backtest's report, not its
-    progress lines)."""
+    progress lines). With `tmp`, the command's temporary files go there (TMPDIR), for the
+    caller to remove whatever way the command ends.
+
+    The command is a process group of its own, ended whole when it ends or times out: a
+    backtest's Prometheus servers and workers do not outlive it (issue 40, N8)."""
+    env = None if tmp is None else {**os.environ, "TMPDIR": str(tmp)}
+    argv = [*console.runwatch, *args]
+    proc = subprocess.Popen(argv, stdout=PIPE, stderr=PIPE, text=True, env=env, start_new_session=True)
     try:
-        proc = subprocess.run([*console.runwatch, *args], capture_output=True, text=True, timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _end_group(proc.pid)
+        proc.communicate()
         return 1, f"runwatch {args[0]} did not finish in {timeout:g} s"
-    shown = proc.stdout if proc.returncode == 0 and not progress else proc.stdout + proc.stderr
+    finally:
+        _end_group(proc.pid)
+    shown = out if proc.returncode == 0 and not progress else out + err
     return proc.returncode, shown.strip()
+
+
+def _end_group(group: int) -> None:
+    """SIGKILL what is left of a command's process group, and wait until none of it runs."""
+    deadline = time.monotonic() + GROUP_END_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:  # the group is empty: every member has ended
+            return
+        time.sleep(0.05)
 
 
 def _console(request: Request) -> Any:
@@ -360,17 +401,37 @@ async def backtest(request: Request) -> Response:
     except EditError as err:
         return _render(console, layout, alert, {"form": shown, "problem": str(err)}, 400)
     bench = _workbench(request)
+    if bench.backtests >= MAX_BACKTESTS:
+        busy = (f"a backtest is running already (at most {MAX_BACKTESTS} at a time: each trains on every core); "
+                "wait for it to finish, then backtest again")  # fmt: skip
+        return _render(console, layout, alert, {"form": shown, "problem": busy}, 429)
+    bench.backtests += 1
+    try:
+        code, said, plot = await _backtest_run(console, bench, layout, alert, text, edit.sweep(), seeds, strengths)
+    finally:
+        bench.backtests -= 1
+    result = {"form": shown, "backtest": said, "ok": code == 0, "plot": plot, "sweep": edit.sweep()}
+    return _render(console, layout, alert, result, 200 if code == 0 else 400)
+
+
+async def _backtest_run(
+    console: Any, bench: Workbench, layout: Layout, alert: Alert, text: str, sweep: str, seeds: str, strengths: str
+) -> tuple[int, str, str | None]:
+    """`runwatch backtest` of a copy of the rules with the edit: (exit status, its report, its
+    plot's name). Its temporary files (its own and its Prometheus servers') go under a folder
+    removed here, however it ends: a kill -9 of it runs no cleanup of its own."""
     plot = bench.plot_name()
     with tempfile.TemporaryDirectory(prefix="runwatch-console-backtest-") as tmp:
-        rules = Path(tmp) / "rules"
+        rules, scratch = Path(tmp) / "rules", Path(tmp) / "tmp"
         shutil.copytree(layout.rules_dir, rules, ignore=shutil.ignore_patterns("*.previous"))
         (rules / alert.file.name).write_text(text)
-        args = ["backtest", f"--rules={rules}", f"--seeds={seeds}", f"--sweep={edit.sweep()}",
+        scratch.mkdir()
+        args = ["backtest", f"--rules={rules}", f"--seeds={seeds}", f"--sweep={sweep}",
                 f"--plot={bench.plots / plot}", *([f"--strengths={strengths}"] if strengths else [])]  # fmt: skip
-        code, said = await run_in_threadpool(_run, console, *args, timeout=BACKTEST_TIMEOUT_S, progress=False)
-    result = {"form": shown, "backtest": said, "ok": code == 0, "plot": plot if code == 0 else None,
-              "sweep": edit.sweep()}  # fmt: skip
-    return _render(console, layout, alert, result, 200 if code == 0 else 400)
+        code, said = await run_in_threadpool(
+            _run, console, *args, timeout=BACKTEST_TIMEOUT_S, progress=False, tmp=scratch
+        )
+    return code, said, plot if code == 0 else None
 
 
 async def apply(request: Request) -> Response:
@@ -389,7 +450,10 @@ async def apply(request: Request) -> Response:
                    "Apply reloads a lab: start the console with the lab's --state-dir (runwatch up does)")  # fmt: skip
         return _render(console, layout, alert, {"form": shown, "problem": problem}, 400)
     bench = _workbench(request)
-    with bench.lock:  # one apply at a time: each checks and writes what the last one left
+    if bench.applying.locked():  # one writer at a time; the other is told, not queued behind it
+        busy = "another Apply is running: wait for it to finish, then reload this page and apply again"
+        return _render(console, layout, alert, {"form": shown, "problem": busy}, 409)
+    async with bench.applying:
         code, said = await run_in_threadpool(_check_and_write, console, layout, alert.file, old, text)
     if code != 0:
         return _render(console, layout, alert, {"form": shown, "refused": said}, 400)
@@ -398,23 +462,26 @@ async def apply(request: Request) -> Response:
 
 
 def _check_and_write(console: Any, layout: Layout, path: Path, old: str, text: str) -> tuple[int, str]:
-    """`runwatch check` on a copy with the edit; if it passes, keep the old file, write the new
-    one whole and `runwatch reload`. A refused reload puts the old file back."""
+    """`runwatch check` on a copy with the edit; if it passes, swap the new text in for the old
+    one (the old kept as FILE.previous) and `runwatch reload`. A refused reload puts the old
+    text back. Both swaps compare the file's content first (replace_if): a save made on disk
+    while the checks ran is kept, and the edit is refused (issue 40, N2)."""
+    changed = f"{path.name} changed on disk while you edited it: nothing was written; reload the page and edit it again"
     if path.read_text() != old:
-        return 1, f"{path.name} changed while you edited it: reload the page and edit it again"
+        return 1, changed
     with tempfile.TemporaryDirectory(prefix="runwatch-console-apply-") as tmp:
         root = Path(tmp)
         for folder in ("prometheus", "alertmanager"):
             shutil.copytree(layout.root / folder, root / folder, ignore=shutil.ignore_patterns("*.previous"))
         (root / path.relative_to(layout.root)).write_text(text)
-        code, said = _run(console, "check", f"--root={root}", timeout=120)
+        code, said = _run(console, "check", f"--root={root}", timeout=CHECK_TIMEOUT_S)
     if code != 0:
         return code, said.replace(str(root), str(layout.root))
-    write_atomic(path.with_name(path.name + ".previous"), old)
-    write_atomic(path, text)
-    code, said = _run(console, "reload", f"--state-dir={console.sources.state_dir}", timeout=120)
-    if code != 0 and "refused" in said:
-        write_atomic(path, old)
+    if not replace_if(path, old, text, keep=path.with_name(path.name + ".previous")):
+        return 1, changed
+    code, said = _run(console, "reload", f"--state-dir={console.sources.state_dir}", timeout=CHECK_TIMEOUT_S)
+    if code != 0 and "refused" in said and not replace_if(path, text, old):
+        said += f"\n{path.name} was saved on disk meanwhile: it is left as saved, not put back"
     return code, said
 
 
