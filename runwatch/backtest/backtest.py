@@ -68,7 +68,7 @@ from runwatch.core.files import write_atomic
 from runwatch.core.names import CLUSTER_ALERTS, LOOPBACK, META_GROUP, PORTS
 from runwatch.core.paths import Layout
 from runwatch.exporter.metrics import STEP
-from runwatch.prom.server import Process, free_port, prometheus_argv, query_range
+from runwatch.prom.server import Process, die_with_parent, free_port, prometheus_argv, query_range
 from runwatch.prom.tools import binary, run_tool
 from runwatch.trainer.batch import train_columns
 from runwatch.trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
@@ -367,7 +367,8 @@ class Throwaway:
     def running(self) -> Process:
         # Prometheus closes its TSDB only once the queries in flight end; this one's data is
         # thrown away, so a Ctrl-C during a slow query need not wait for it.
-        return Process(self.argv, f"{self.base}/-/ready", self.tmpdir / f"{self.name}.log", grace=1.0)
+        # It dies with the backtest, even on a kill -9 that runs no `finally` (die_with_parent).
+        return Process(self.argv, f"{self.base}/-/ready", self.tmpdir / f"{self.name}.log", grace=1.0, with_parent=True)
 
 
 @dataclass
@@ -507,16 +508,18 @@ def _train_and_load(
     return meta, samples
 
 
-def _ignore_interrupts() -> None:
-    """A worker's Ctrl-C is its parent's to handle: the parent stops it (_processes)."""
+def _worker_start(parent: int) -> None:
+    """A worker's Ctrl-C is its parent's to handle: the parent stops it (_processes). Its
+    parent's death, a kill -9 included, ends it (die_with_parent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
 
 
 @contextlib.contextmanager
 def _processes(workers: int) -> Iterator[ProcessPoolExecutor]:
     """A process pool whose workers a Ctrl-C stops at once. The terminal's Ctrl-C reaches every
     worker too; one interrupted mid-task broke the pool, and its shutdown once waited over 60 s."""
-    pool = ProcessPoolExecutor(workers, initializer=_ignore_interrupts)
+    pool = ProcessPoolExecutor(workers, initializer=_worker_start, initargs=(os.getpid(),))
     try:
         yield pool
     except BaseException:
