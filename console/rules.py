@@ -5,8 +5,10 @@ then applied).
 - **Backtest** runs `runwatch backtest` over a copy of the lab's rules with the edit, with a
   sweep of the edited alert around the edited value, and shows its tables and its plot.
 - **Apply** checks a copy of the lab's configuration with the edit as `runwatch reload` checks
-  it (`runwatch check --root COPY`: promtool check rules and config, the promtool unit tests,
-  amtool). If a check fails, it shows promtool's message and writes nothing. Otherwise it keeps
+  it (`runwatch check --root COPY --edit-of RULES`: promtool check rules and config, amtool, and
+  the promtool unit tests that do not pin what the edit changes; runwatch.prom.edits says why).
+  If a check fails, it says in one line what failed and what to do next, shows the checks'
+  output folded, and writes nothing. Otherwise it keeps
   the file's previous version beside it (`alerts.yml.previous`, which Prometheus does not load),
   swaps the edited file in and runs `runwatch reload`. The swap compares the file's content
   first (runwatch.core.files.replace_if): a save made on disk during the checks is kept, and
@@ -456,7 +458,9 @@ async def apply(request: Request) -> Response:
     async with bench.applying:
         code, said = await run_in_threadpool(_check_and_write, console, layout, alert.file, old, text)
     if code != 0:
-        return _render(console, layout, alert, {"form": shown, "refused": said}, 400)
+        headline, next_step = refusal(said)
+        refused = {"refused": said, "headline": headline, "next_step": next_step}
+        return _render(console, layout, alert, {"form": shown, **refused}, 400)
     _, _, now = _find(request)
     return _render(console, layout, now or alert, {"applied": said})
 
@@ -474,15 +478,48 @@ def _check_and_write(console: Any, layout: Layout, path: Path, old: str, text: s
         for folder in ("prometheus", "alertmanager"):
             shutil.copytree(layout.root / folder, root / folder, ignore=shutil.ignore_patterns("*.previous"))
         (root / path.relative_to(layout.root)).write_text(text)
-        code, said = _run(console, "check", f"--root={root}", timeout=CHECK_TIMEOUT_S)
+        # as an edit of the rules the page read: the tests that pin what it changes are left out
+        check = ["check", f"--root={root}", f"--edit-of={layout.rules_dir}"]
+        code, said = _run(console, *check, timeout=CHECK_TIMEOUT_S)
     if code != 0:
         return code, said.replace(str(root), str(layout.root))
+    left_out = [line.strip() for line in said.splitlines() if line.strip().startswith("left out, as")]
     if not replace_if(path, old, text, keep=path.with_name(path.name + ".previous")):
         return 1, changed
     code, said = _run(console, "reload", f"--state-dir={console.sources.state_dir}", timeout=CHECK_TIMEOUT_S)
     if code != 0 and "refused" in said and not replace_if(path, text, old):
         said += f"\n{path.name} was saved on disk meanwhile: it is left as saved, not put back"
-    return code, said
+    return code, "\n".join([said, *(["unit tests " + line for line in left_out] if code == 0 else [])])
+
+
+# What to do next, by the check that refused an edit: the first line of the refusal says what
+# failed, this what the learner does about it. The checks' whole output follows, folded.
+NEXT_STEP = {
+    "promtool check rules": "Fix the expression (the editor underlines what PromQL cannot parse), then Apply again.",
+    "two_runs": "With this edit an alert fires on two healthy runs, or a rule cannot evaluate with two runs at "
+    "once. Backtest it to see its false alarms; raise the threshold or lengthen for:, then Apply again.",
+    "promtool test rules": "A unit test that names no alert you edited fails with the edit: the edit changes what "
+    "it tests. Backtest the edit, or change that test in prometheus/tests/ if you mean the change.",
+    "reload": "Prometheus could not run the edited rules as they should run; the rules in force before are back. "
+    "Simplify the expression, Backtest it, then Apply again.",
+}
+CHECKED_ALSO = ("Checking ", "SUCCESS", "FAILED:", "(")  # a check's headings, not what failed
+
+
+def refusal(said: str) -> tuple[str, str]:
+    """A refused Apply in one line, and what to do next, from what `runwatch check` or `runwatch
+    reload` printed: the first check that failed, and its first line that says why."""
+    lines = [line.strip() for line in said.splitlines() if line.strip()]
+    failed = next((i for i, line in enumerate(lines) if line.startswith("FAIL  ")), None)
+    if failed is None:
+        reload = next((line for line in lines if "refused" in line or "changed on disk" in line), None)
+        why = reload or (lines[0] if lines else "the checks failed")
+        return why.removeprefix("runwatch reload: "), NEXT_STEP["reload"] if reload and "refused" in reload else ""
+    name = re.split(r"\s{2,}", lines[failed])[1]
+    detail = next((line for line in lines[failed + 1 :] if not line.startswith(CHECKED_ALSO)), "")
+    detail = re.sub(r"(?:/[^\s:]+/)+([^/\s:]+)", r"\1", detail)  # a file by its name: the page names its folder
+    step = NEXT_STEP["two_runs" if "two_runs" in detail else name] if name in NEXT_STEP else ""
+    return f"{name} failed: {detail}" if detail else f"{name} failed", step
 
 
 def plot_image(request: Request) -> Response:
