@@ -164,7 +164,8 @@ def index(request: Request) -> Response:
         notice=console.notices.get(request.query_params.get("notice", "")),
         diagnosable=in_drill and drill.get("diagnosis") is None, diagnosed=in_drill and drill.get("diagnosis"),
         postmortem=postmortem.name if postmortem else None, rules=sources.rules_link() if run else "",
-        grafana=sources.grafana(run) if run else "", prometheus=sources.prometheus_link, fit=TrainConfig(),
+        grafana=sources.grafana(run) if run else "", fit=TrainConfig(),
+        prometheus=sources.prometheus_link if sources.has_ui() else "",  # Debian's build serves no pages
     )  # fmt: skip
 
 
@@ -212,7 +213,9 @@ def pages(request: Request) -> Response:
 
 
 def runbook(request: Request) -> Response:
-    console, alert = _console(request), request.path_params["alert"]
+    """An alert's runbook. /runbook/X.md too: a runbook links another as `X.md` (as it is named
+    in runbooks/, where GitHub follows it), which resolves here beside the one read."""
+    console, alert = _console(request), request.path_params["alert"].removesuffix(".md")
     try:
         text = console.sources.runbook(alert)
     except UnavailableError as err:

@@ -100,7 +100,7 @@ class Sources:
         """The picker's runs: the lab's own first (even before Prometheus holds a sample of it),
         then the others, newest first."""
         lab = self.lab_run()
-        return runs if lab is None else [lab, *(r for r in runs if r != lab)]
+        return list(dict.fromkeys(runs if lab is None else [lab, *runs]))  # each run once
 
     def lab_run(self) -> str | None:
         """The native lab's current run (its lab.json), if the console was given its state dir."""

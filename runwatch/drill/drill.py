@@ -24,6 +24,7 @@ import html
 import json
 import os
 import re
+import shlex
 import sys
 import time
 import uuid
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import requests
 
-from runwatch.core.command import Command, UsageError, add_state_dir, check_writable, number, read_json
+from runwatch.core.command import Command, UsageError, add_state_dir, check_writable, number, read_json, state_flag
 from runwatch.core.files import write_atomic
 from runwatch.lab import supervise as lab_mod
 from runwatch.oncall.pager import read_incidents, read_pages, received_time, time_to_ack
@@ -116,7 +117,9 @@ def drill(args: argparse.Namespace) -> int:
     d.save({"run_id": run_id, "started_at": _now(), "acks": [], "diagnosis": None, "ranks": args.ranks})
     print(f"drill {run_id} started: something may go wrong between steps {DRILL_ONSET_RANGE[0]} and "
           f"{DRILL_ONSET_RANGE[1]}, or nothing at all.")  # fmt: skip
-    print("watch `runwatch pager --follow`; then `runwatch ack ALERT`, `runwatch diagnose INCIDENT`")
+    at = state_flag(args.state_dir)  # every command as printed works, in any state directory
+    print(f"watch `runwatch pager --follow --log {shlex.quote(str(d.lab.page_log))}`; then "
+          f"`runwatch ack{at} ALERT --comment \"what you know so far\"`, `runwatch diagnose{at} INCIDENT`")  # fmt: skip
     return 0
 
 

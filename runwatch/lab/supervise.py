@@ -39,7 +39,7 @@ import psutil
 from runwatch.cluster.targets import rank_targets
 from runwatch.core.addresses import DEFAULT_PORTS, lab_urls, parse_ports
 from runwatch.core.addresses import url as url_at
-from runwatch.core.command import DEFAULT_STATE, UsageError, config_error, read_json
+from runwatch.core.command import DEFAULT_STATE, UsageError, config_error, read_json, state_flag
 from runwatch.core.files import write_atomic
 from runwatch.core.names import LOOPBACK, PORTS
 from runwatch.core.paths import Layout
@@ -520,7 +520,8 @@ def up(args: argparse.Namespace) -> int:
     with lab.locked(wait=False):
         run_id = start_lab(lab, args)
     what = f"run {run_id}" if run_id else f"watching {', '.join(args.watch)}"
-    print(f"{what}: pages with `runwatch pager --follow --log {lab.page_log}`; stop with `runwatch down`")
+    print(f"{what}: pages with `runwatch pager --follow --log {lab.page_log}`; "
+          f"stop with `runwatch down{state_flag(args.state_dir)}`")  # fmt: skip
     if args.detach:
         return 0
     try:
