@@ -253,16 +253,18 @@ class Edit:
         return old, edit_text(old, self.alert.name, self.expr, self.hold, self.threshold)
 
     def sweep(self) -> str:
-        """A sweep of the edited alert around the edited value: its threshold's, else its for:'s."""
+        """A sweep of the edited alert around the edited value, its threshold's, else its for:'s,
+        and through the value in force: the backtest marks that one, and the edit (its first row)."""
         name = self.alert.name
         reads = f'{THRESHOLD}{{alertname="{name}"}}' in re.sub(r"\s+", "", self.expr or self.alert.expr)
         if (self.threshold or self.alert.threshold) is not None and reads:
             t = float(self.threshold or self.alert.threshold)
-            return f"{name}=" + ",".join(sorted({f"{t * f:.3g}" for f in THRESHOLD_FACTORS}, key=float))
+            values = {float(f"{t * f:.3g}") for f in THRESHOLD_FACTORS} | {float(self.alert.threshold or t)}
+            return f"{name}=" + ",".join(f"{v:g}" for v in sorted(values - {t}))
         hold = self.hold if self.hold is not None else self.alert.hold
         seconds = _seconds(hold or "0s")
-        values = sorted({max(0, seconds + d) for d in FOR_STEPS_S} - {seconds})
-        return f"{name}.for=" + ",".join(f"{v}s" for v in values)
+        values = {max(0, seconds + d) for d in FOR_STEPS_S} | {_seconds(self.alert.hold or "0s")}
+        return f"{name}.for=" + ",".join(f"{v}s" for v in sorted(values - {seconds}))
 
 
 def _seconds(text: str) -> int:
@@ -409,31 +411,36 @@ async def backtest(request: Request) -> Response:
         return _render(console, layout, alert, {"form": shown, "problem": busy}, 429)
     bench.backtests += 1
     try:
-        code, said, plot = await _backtest_run(console, bench, layout, alert, text, edit.sweep(), seeds, strengths)
+        run = (console, bench, layout, alert, text, edit.sweep(), seeds, strengths)
+        code, said, plot, table = await _backtest_run(*run)
     finally:
         bench.backtests -= 1
-    result = {"form": shown, "backtest": said, "ok": code == 0, "plot": plot, "sweep": edit.sweep()}
+    result = {"form": shown, "backtest": said, "ok": code == 0, "plot": plot, "sweep": edit.sweep(), "table": table}
     return _render(console, layout, alert, result, 200 if code == 0 else 400)
 
 
 async def _backtest_run(
     console: Any, bench: Workbench, layout: Layout, alert: Alert, text: str, sweep: str, seeds: str, strengths: str
-) -> tuple[int, str, str | None]:
-    """`runwatch backtest` of a copy of the rules with the edit: (exit status, its report, its
-    plot's name). Its temporary files (its own and its Prometheus servers') go under a folder
-    removed here, however it ends: a kill -9 of it runs no cleanup of its own."""
+) -> tuple[int, str, str | None, dict | None]:
+    """`runwatch backtest` of a copy of the rules with the edit, as an edit of the rules the page
+    read (--edit-of: the rule in force is evaluated beside the edit): (exit status, its report,
+    its plot's name, its trade-off table from its --json). Its temporary files (its own and its
+    Prometheus servers') go under a folder removed here, however it ends: a kill -9 of it runs
+    no cleanup of its own."""
     plot = bench.plot_name()
     with tempfile.TemporaryDirectory(prefix="runwatch-console-backtest-") as tmp:
-        rules, scratch = Path(tmp) / "rules", Path(tmp) / "tmp"
+        rules, scratch, report = Path(tmp) / "rules", Path(tmp) / "tmp", Path(tmp) / "backtest.json"
         shutil.copytree(layout.rules_dir, rules, ignore=shutil.ignore_patterns("*.previous"))
         (rules / alert.file.name).write_text(text)
         scratch.mkdir()
-        args = ["backtest", f"--rules={rules}", f"--seeds={seeds}", f"--sweep={sweep}",
-                f"--plot={bench.plots / plot}", *([f"--strengths={strengths}"] if strengths else [])]  # fmt: skip
+        args = ["backtest", f"--rules={rules}", f"--edit-of={layout.rules_dir}", f"--seeds={seeds}",
+                f"--sweep={sweep}", f"--plot={bench.plots / plot}", f"--json={report}",
+                *([f"--strengths={strengths}"] if strengths else [])]  # fmt: skip
         code, said = await run_in_threadpool(
             _run, console, *args, timeout=BACKTEST_TIMEOUT_S, progress=False, tmp=scratch
         )
-    return code, said, plot if code == 0 else None
+        table = json.loads(report.read_text())["summary"]["sweep"]["table"] if code == 0 else None
+    return code, said, plot if code == 0 else None, table
 
 
 async def apply(request: Request) -> Response:

@@ -2,13 +2,15 @@
 by Playwright), without a lab: `runwatch console` over a copy of the configuration of its own.
 A refused Apply is one line saying what failed, one saying what to do next, and the checks'
 output folded, never wider than the page (issue 36, item 1: it was 3,937 px of promtool).
-Apply of a threshold edit on a live lab is test_rules_console_e2e.py."""
+Its Backtest compares: the trade-off table first, the edit and the rule in force marked, the
+sweep through the value in force, the report folded. Apply of a threshold edit on a live lab is
+test_rules_console_e2e.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from runwatch.console.rules import CHECK_TIMEOUT_S
+from runwatch.console.rules import BACKTEST_TIMEOUT_S, CHECK_TIMEOUT_S
 from tests.test_rules_console_e2e import BROKEN, editor_text
 from tests.test_rules_console_writers import Console
 
@@ -55,3 +57,23 @@ def test_a_threshold_that_pages_on_healthy_runs_is_refused_by_the_two_runs_evalu
     assert "promtool test rules failed: tests/two_runs.test.yml" in why, why
     assert "fires on two healthy runs" in next_step and "Backtest" in next_step, next_step
     assert console.alerts.read_text() == shipped
+
+
+def test_a_backtest_compares_the_edit_with_the_rule_in_force_table_first(console, tab):
+    tab.set_default_timeout(BACKTEST_TIMEOUT_S * 1000)
+    tab.goto(f"{console.base}/rules/TrainingLossJump")
+    tab.wait_for_selector(".promql-editor .cm-content")
+    tab.fill("#threshold", "2.5")
+    tab.fill("#seeds", "100-101")
+    tab.fill("#strengths", "0.1,1")
+    tab.click("#backtest")
+    tab.wait_for_selector("#trade-off")
+    rows = tab.eval_on_selector_all("#trade-off tbody tr", "rows => rows.map(r => [r.className, r.cells[0].innerText])")
+    assert rows[:2] == [["edit", "2.5 (the edit)"], ["in-force", "3 * in force"]], rows
+    assert ["", "3 (= in force)"] in rows, rows  # the sweep runs through the value in force
+    # the table first, then the plot, then the per-seed report, folded
+    top = {s: tab.eval_on_selector(s, "e => e.getBoundingClientRect().top") for s in ("#trade-off", "#sweep-plot",
+                                                                                       "#backtest-detail")}  # fmt: skip
+    assert top["#trade-off"] < top["#sweep-plot"] < top["#backtest-detail"], top
+    assert not tab.locator("#backtest-detail").get_attribute("open")
+    assert "caught/runs" in tab.locator("#backtest-output").text_content()  # the report by strength band, kept

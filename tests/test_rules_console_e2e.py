@@ -64,9 +64,10 @@ def test_edit_backtest_and_apply_heldoutgap_in_the_browser(lab_factory, tab):
     tab.fill("#seeds", SWEEP_SEEDS)
     tab.fill("#strengths", SWEEP_STRENGTHS)
     tab.click("#backtest")
-    out = tab.inner_text("#backtest-output")
-    assert "sweep of HeldOutGap's threshold" in out and "\n1.5 *" in out, out
-    assert "caught/runs" in out  # the table by strength band
+    assert "sweep of HeldOutGap's threshold" in tab.inner_text("#trade-off-title")
+    first = tab.eval_on_selector_all("#trade-off tbody tr", "rows => rows.map(r => r.cells[0].innerText)")[:2]
+    assert first == ["1.5 (the edit)", "2 * in force"], first
+    assert "caught/runs" in tab.locator("#backtest-output").text_content()  # the table by strength band
     assert tab.evaluate("document.querySelector('#sweep-plot').naturalWidth") > 0
     assert alerts.read_text() == shipped  # a backtest writes nothing
 
