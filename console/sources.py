@@ -25,11 +25,15 @@ import requests
 from runwatch.core.names import WATCH_GRACE_S
 from runwatch.core.paths import Layout
 from runwatch.prom.server import PromQLError, instant, quoted
+from runwatch.readouts import colours
 from runwatch.readouts import dashboard_queries as dq
 from runwatch.readouts.picture import PANELS, PlateData, collect
 
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # a run's folder under the lab's runs/
+# the plate's panels the console draws: the plate's three, then Lesson 20's stability row
+# (a mixed-precision run's loss scale and activation norm; empty, and hidden, in fp64)
+PLATE_PANELS = ("loss", "grad", "throughput", "scale", "norm")
 RUNS_LOOKBACK_S = 7 * 24 * 3600  # the run picker offers every run started in the last week
 TIMEOUT_S = 5
 
@@ -219,7 +223,7 @@ class Sources:
             # the lab's trainer holds its clock while Prometheus has not scraped it (trainer.live)
             "paused_for": info["paused_for"],
             "unseen": info["unseen"],
-            "panels": {key: aligned(data, key) for key in ("loss", "grad", "throughput")},
+            "panels": {key: aligned(data, key) for key in PLATE_PANELS},
             "incident": [] if info["drill"] else data.incident,
             "readouts": data.readouts,
             "links": {key: self.graph_link(key, run_id, end - start) for key in ("loss", "grad", "throughput")}
@@ -302,5 +306,6 @@ def aligned(data: PlateData, key: str) -> dict[str, Any]:
     series = []
     for label, pts in curves.items():
         at = {s: v for s, v in pts if math.isfinite(v)}  # JSON has no NaN; a gap draws as one
-        series.append({"label": label, "values": [at.get(s) for s in steps]})
+        # its colour by what it means (readouts.colours), as the plate PNG and Grafana draw it
+        series.append({"label": label, "values": [at.get(s) for s in steps], "colour": colours.colour(label)})
     return {"steps": steps, "series": series}

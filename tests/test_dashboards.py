@@ -448,3 +448,27 @@ def test_the_console_shows_each_rank_through_the_same_queries(crashed_cluster):
     during = sources.ranks(cfg.label, now=float(run.stamps()[stall]) + 1)
     assert {r["rank"]: r["xid"] for r in during["ranks"]} == {str(r): 79 if r == fault.rank else 0 for r in range(4)}
     assert sources.ranks("no-such-run", now=run.end_time()) == {"ranks": [], "job": {}}
+
+
+def test_each_curve_of_a_fixed_meaning_has_its_colour_everywhere_grafana_draws_it():
+    """Issue 36, item 3: the expected curve was dashed red in Grafana (a threshold's look), green in
+    the postmortem and grey in the console; the 5-step mean red or green by its panel's other curves.
+    Every curve whose legend has a meaning (runwatch.readouts.colours) is that colour in Grafana."""
+    from runwatch.readouts import colours
+
+    dash = json.loads((DASHBOARDS / "watching-a-run.json").read_text())
+    panels = [p for row in dash["panels"] for p in [row, *row.get("panels", [])]]
+    checked = 0
+    for panel in panels:
+        overrides = {o["matcher"]["options"]: o["properties"] for o in panel.get("fieldConfig", {}).get("overrides", [])
+                     if o["matcher"]["id"] == "byName"}  # fmt: skip
+        for target in panel.get("targets", []):
+            legend = target.get("legendFormat", "")
+            if panel.get("type") != "timeseries" and panel.get("type") != "trend" or colours.colour(legend) is None:
+                continue
+            found = {p["id"]: p["value"] for p in overrides.get(legend, [])}
+            where = (panel["title"], legend)
+            assert found.get("color") == {"mode": "fixed", "fixedColor": colours.colour(legend)}, where
+            assert ("custom.lineStyle" in found) == colours.dashed(legend), where
+            checked += 1
+    assert checked >= 12, checked  # the loss panels' five curves twice, and every threshold line

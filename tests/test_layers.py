@@ -208,7 +208,7 @@ def test_the_pager_stands_alone():
 CONSOLE_USES = {
     "runwatch.core.command", "runwatch.core.names", "runwatch.core.paths", "runwatch.core.addresses",
     "runwatch.readouts.dashboard_queries", "runwatch.readouts.picture", "runwatch.prom.server",
-    "runwatch.trainer.config", "runwatch.core.files",
+    "runwatch.trainer.config", "runwatch.core.files", "runwatch.readouts.colours",
 }  # fmt: skip
 
 

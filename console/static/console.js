@@ -12,20 +12,26 @@ window.runwatchConsole = { charts, state }; // what the browser tests read
 const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"];
 const MARKS = ["#9467bd", "#ff7f0e", "#2ca02c", "#8c564b", "#e377c2", "#bcbd22"];
 
-function seriesStyle(label, i) {
-  const s = { label, stroke: COLOURS[i % COLOURS.length], width: 1, spanGaps: true };
+// A curve's colour is its meaning's (the server sends it: runwatch.readouts.colours), the same
+// in the plate PNG, the postmortem and Grafana; a curve of no fixed meaning takes the next one.
+function seriesStyle(series, i) {
+  const label = series.label, colour = series.colour || COLOURS[i % COLOURS.length];
+  const s = { label, stroke: colour, width: 1, spanGaps: true };
   if (label === "held-out loss") {
-    return { ...s, paths: () => null, points: { show: true, size: 7, fill: COLOURS[i % COLOURS.length] } };
+    return { ...s, paths: () => null, points: { show: true, size: 7, fill: colour } };
   }
-  // a threshold is dashed red; the expected curve is a model of the loss, not a limit: solid grey
+  // a threshold is dashed; the expected curve is a model of the loss, not a limit: solid
   if (label.startsWith("alert threshold")) {
-    return { ...s, dash: [8, 6], stroke: "#d62728", points: { show: false } };
+    return { ...s, dash: [8, 6], points: { show: false } };
   }
   if (label.startsWith("expected")) {
-    return { ...s, stroke: "#888", width: 1.5, points: { show: false } };
+    return { ...s, width: 1.5, points: { show: false } };
   }
   return { ...s, points: { show: false } };
 }
+
+const PLATE_PANELS = ["loss", "grad", "throughput", "scale", "norm"]; // console/sources.py's
+const STABILITY = ["scale", "norm"]; // Lesson 20's row: a mixed-precision run's; hidden when empty
 
 // The incident window (shaded) and a dotted line where each alert first fired, with its name.
 function marksPlugin() {
@@ -86,10 +92,10 @@ function makeChart(key, panel) {
   const opts = {
     width: Math.max(el.clientWidth, 400),
     height: 220,
-    scales: { x: { time: false }, y: key === "loss" ? { distr: 3 } : {} },
+    scales: { x: { time: false }, y: key === "loss" || key === "scale" ? { distr: 3 } : {} },
     // whole steps on x; room on y for "65,000" tokens/s
     axes: [{ label: "training step", incrs: [1, 2, 5, 10, 20, 25, 50, 100, 200, 500, 1000] }, { size: 70 }],
-    series: [{ label: "step" }, ...panel.series.map((s, i) => seriesStyle(s.label, i))],
+    series: [{ label: "step" }, ...panel.series.map((s, i) => seriesStyle(s, i))],
     plugins: [marksPlugin()],
   };
   return new uPlot(opts, toData(panel), el);
@@ -138,8 +144,13 @@ async function refreshPlate() {
       return;
     }
     state.plate = p;
-    for (const key of ["loss", "grad", "throughput"]) {
+    for (const key of PLATE_PANELS) {
       const panel = p.panels[key];
+      if (STABILITY.includes(key)) {
+        const empty = !panel || panel.steps.length === 0;
+        document.getElementById(`panel-${key}`).hidden = empty;
+        if (empty) continue;
+      }
       const labels = panel.series.map((s) => s.label).join("|");
       if (!charts[key] || charts[key]._labels !== labels) {
         if (charts[key]) charts[key].destroy();
