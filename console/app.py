@@ -199,6 +199,10 @@ def ranks(request: Request) -> Response:
     return _api(request, Sources.ranks, "straggler-0-083113")
 
 
+def rank_history(request: Request) -> Response:
+    return _api(request, Sources.rank_history, "straggler-0-083113")
+
+
 def pages(request: Request) -> Response:
     """The run's incidents, one entry each, open ones first, oldest first: their pages, state
     changes and ack. An incident not yet acknowledged offers an Ack, whatever its alert does now."""
@@ -297,6 +301,7 @@ ROUTES = [
     Route("/", index),
     Route("/api/plate", plate),
     Route("/api/ranks", ranks),
+    Route("/api/rank_history", rank_history),
     Route("/pages", pages),
     Route("/runbook/{alert}", runbook),
     Route("/ack", ack, methods=["POST"]),

@@ -47,6 +47,9 @@ RANK_FIELDS = {
     ("Restarts, steps lost, ETTR", "C"): "ettr",
 }  # fmt: skip
 JOB_FIELDS = ("restarts", "lost", "ettr")
+# The cluster row over time, as the dashboard draws it: each rank's step time and collective wait
+RANK_HISTORY = {("Step time per rank", "A"): "steptime", ("Collective wait per rank", "A"): "wait"}
+RANK_HISTORY_S = 600  # the last ten minutes of the run: a straggler's onset and what followed
 RANKS_WINDOW_S = 60  # a rank last scraped longer ago than this is not shown
 # A run whose step was last scraped longer ago than this (five 1 s scrape intervals, as
 # TrainerDown counts a target) has stopped: stopped with Ctrl-C it records no end time. Natively,
@@ -197,6 +200,24 @@ class Sources:
         ranked = sorted((r for r in rows.values() if "rank" in r), key=lambda r: int(r["rank"]))
         return {"ranks": ranked, "job": job}
 
+    def rank_history(self, run_id: str, now: float | None = None) -> dict[str, Any]:
+        """Each rank's step time and collective wait over the last RANK_HISTORY_S seconds, one
+        curve a rank on one time axis (Unix seconds), as uPlot takes them, through the
+        dashboard's own queries; and `odd`: the ranks a firing alert of the run names (what
+        Prometheus says fires, read here, never decided here). Empty for a run of one process."""
+        end = now if now is not None else time.time()
+        out: dict[str, Any] = {}
+        try:
+            for q in dq.queries(self.dashboard):
+                key = RANK_HISTORY.get((q.title, q.ref))
+                if key is not None:
+                    out[key] = _by_rank(dq.run(self.prometheus, q, {"run": run_id}, end - RANK_HISTORY_S, end))
+            sel = f'ALERTS{{alertstate="firing",run_id="{quoted(run_id)}",rank!=""}}'
+            odd = sorted({s["metric"]["rank"] for s in instant(self.prometheus, sel, end)}, key=int)
+        except (requests.RequestException, PromQLError) as err:
+            raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
+        return {"history": out, "odd": odd}
+
     # --- the plate ---
 
     def plate(self, run_id: str, now: float | None = None) -> dict[str, Any]:
@@ -297,6 +318,18 @@ class Sources:
         except (OSError, ValueError):
             return None
         return record if isinstance(record, dict) and isinstance(record.get("run_id"), str) else None
+
+
+def _by_rank(found: list[dict]) -> dict[str, Any]:
+    """A range query's series, one a rank, on one time axis: {"times", "series": [{"label",
+    "rank", "values"}]}, rank by rank (None where a rank has no sample)."""
+    times = sorted({float(t) for s in found for t, _ in s["values"]})
+    series = []
+    for s in sorted(found, key=lambda s: int(s["metric"].get("rank", "0") or 0)):
+        at = {float(t): float(v) for t, v in s["values"] if math.isfinite(float(v))}
+        rank = s["metric"].get("rank", "")
+        series.append({"label": f"rank {rank}", "rank": rank, "values": [at.get(t) for t in times]})
+    return {"times": times, "series": series}
 
 
 def aligned(data: PlateData, key: str) -> dict[str, Any]:

@@ -199,6 +199,46 @@ async function refreshRanks() {
   }
 }
 
+// The cluster row over time (/api/rank_history): each rank's step time and collective wait,
+// one thin curve a rank; a rank that a firing alert names (Prometheus's ALERTS) drawn thick, red.
+const ODD_COLOUR = "#d62728", RANK_COLOUR = "#8aa4c8";
+
+function rankChart(key, h, odd) {
+  const el = document.getElementById(`chart-${key}`);
+  const series = h.series.map((s) => odd.includes(s.rank)
+    ? { label: s.label, stroke: ODD_COLOUR, width: 2.5, spanGaps: true, points: { show: false } }
+    : { label: s.label, stroke: RANK_COLOUR, width: 1, spanGaps: true, points: { show: false } });
+  const opts = {
+    width: Math.max(el.clientWidth, 400), height: 180,
+    axes: [{}, { size: 60, label: key === "steptime" ? "step time s" : "collective wait s" }],
+    series: [{ label: "time" }, ...series],
+  };
+  return new uPlot(opts, [h.times, ...h.series.map((s) => s.values)], el);
+}
+
+async function refreshRankHistory() {
+  if (document.getElementById("ranks-panel").hidden) return;
+  try {
+    const resp = await fetch(`/api/rank_history?run=${encodeURIComponent(root.dataset.run)}`);
+    const data = await resp.json();
+    if (!resp.ok) throw new Error(data.error || resp.statusText);
+    for (const key of ["steptime", "wait"]) {
+      const h = data.history[key];
+      if (!h || h.times.length === 0) continue;
+      const shape = h.series.map((s) => s.label).join("|") + "/" + data.odd.join(",");
+      if (!charts[key] || charts[key]._shape !== shape) { // a rank joined, or an alert names another
+        if (charts[key]) charts[key].destroy();
+        charts[key] = rankChart(key, h, data.odd);
+        charts[key]._shape = shape;
+      } else {
+        charts[key].setData([h.times, ...h.series.map((s) => s.values)]);
+      }
+    }
+  } catch (err) {
+    // the next refresh tries again; the charts keep what they showed
+  }
+}
+
 async function refreshPages() {
   const box = document.getElementById("pages");
   try {
@@ -238,4 +278,5 @@ if (root) {
   setInterval(refreshPlate, REFRESH_MS);
   setInterval(refreshPages, REFRESH_MS);
   setInterval(refreshRanks, REFRESH_MS);
+  setInterval(refreshRankHistory, REFRESH_MS);
 }
