@@ -160,7 +160,7 @@ def index(request: Request) -> Response:
     cluster = in_drill and int(drill.get("ranks", 1) or 1) > 1
     return console.render(
         "index.html", runs=runs, run=run, problems=problems,
-        incidents=INCIDENTS + (CLUSTER_INCIDENTS if cluster else ()),
+        incidents=INCIDENTS + (CLUSTER_INCIDENTS if cluster else ()), cluster=cluster,
         notice=console.notices.get(request.query_params.get("notice", "")),
         diagnosable=in_drill and drill.get("diagnosis") is None, diagnosed=in_drill and drill.get("diagnosis"),
         postmortem=postmortem.name if postmortem else None, rules=sources.rules_link() if run else "",
