@@ -25,8 +25,10 @@ So an edit of the rules in force (`runwatch reload`, the console's Apply, and `r
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,23 +117,35 @@ def _run(doc: dict, rules_dir: Path, path: Path) -> tuple[bool, str]:
 
 def check_edit(layout: Layout, in_force: Path) -> tuple[bool, list[str]]:
     """The unit tests of an edit of the rules in `in_force` into the layout's rules: (passed,
-    the lines of the report: what failed first, then what was left out and why)."""
+    the lines of the report: what failed first, then what was left out and why). The groups run
+    side by side, one promtool each (a group takes promtool a tenth of a second)."""
     changed = changed_alerts(in_force, layout.rules_dir)
-    failed, left_out, earlier = [], [], []
+    found = groups(layout, set(alert_rules(layout.rules_dir)))
     with tempfile.TemporaryDirectory(prefix="runwatch-edit-check-") as tmp:
-        for n, (group, doc) in enumerate(groups(layout, set(alert_rules(layout.rules_dir)))):
-            if group.named & changed:
-                left_out.append(group)
-                continue
+
+        def judged(n: int) -> tuple[Group, str, bool] | None:
+            """None if group n passes on the edit; else (it, its output, whether it fails in force too)."""
+            group, doc = found[n]
             ok, output = _run(doc, layout.rules_dir, Path(tmp) / f"group-{n}.test.yml")
             if ok:
-                continue
-            if not _run(doc, in_force, Path(tmp) / f"group-{n}-in-force.test.yml")[0]:
-                earlier.append(group)
-                continue
-            failed.append((group, output))
+                return None
+            return group, output, not _run(doc, in_force, Path(tmp) / f"group-{n}-in-force.test.yml")[0]
+
+        kept = [n for n, (g, _) in enumerate(found) if not g.named & changed]
+        with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
+            failing = [r for r in pool.map(judged, kept) if r is not None]
+    failed = sorted(((g, out) for g, out, before in failing if not before), key=lambda f: f[0].source.name != TWO_RUNS)
+    earlier = [g for g, _, before in failing if before]
+    left_out = [g for g, _ in found if g.named & changed]
+    return not failed, _report(layout, failed, left_out, changed, earlier)
+
+
+def _report(
+    layout: Layout, failed: list[tuple[Group, str]], left_out: list[Group], changed: set[str], earlier: list[Group]
+) -> list[str]:
+    """check_edit's lines: each failing case first (the two-runs evaluation's before the others),
+    promtool's output of each failing group, then what was left out and why."""
     lines = []
-    failed.sort(key=lambda f: f[0].source.name != TWO_RUNS)
     for group, output in failed:
         cases = test_failures(output) or ["failed (promtool's output below)"]
         lines += [f"{_relative(layout, group)}: {case}" for case in cases]
@@ -144,7 +158,7 @@ def check_edit(layout: Layout, in_force: Path) -> tuple[bool, list[str]]:
     if earlier:
         lines.append("left out, as they fail on the rules in force too (an earlier edit): "
                      + "; ".join(g.where for g in earlier))  # fmt: skip
-    return not failed, lines
+    return lines
 
 
 def _relative(layout: Layout, group: Group) -> str:
