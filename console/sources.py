@@ -48,7 +48,8 @@ RANK_FIELDS = {
 }  # fmt: skip
 JOB_FIELDS = ("restarts", "lost", "ettr")
 # The cluster row over time, as the dashboard draws it: each rank's step time and collective wait
-RANK_HISTORY = {("Step time per rank", "A"): "steptime", ("Collective wait per rank", "A"): "wait"}
+RANK_HISTORY = {("Step time per rank", "A"): "steptime", ("Collective wait per rank", "A"): "wait",
+                ("Compute time per rank", "A"): "compute"}  # fmt: skip
 RANK_HISTORY_S = 600  # the last ten minutes of the run: a straggler's onset and what followed
 RANKS_WINDOW_S = 60  # a rank last scraped longer ago than this is not shown
 # A run whose step was last scraped longer ago than this (five 1 s scrape intervals, as
@@ -201,7 +202,7 @@ class Sources:
         return {"ranks": ranked, "job": job}
 
     def rank_history(self, run_id: str, now: float | None = None) -> dict[str, Any]:
-        """Each rank's step time and collective wait over the last RANK_HISTORY_S seconds, one
+        """Each rank's step time, collective wait and compute time over the last RANK_HISTORY_S seconds, one
         curve a rank on one time axis (Unix seconds), as uPlot takes them, through the
         dashboard's own queries; and `odd`: the ranks a firing alert of the run names (what
         Prometheus says fires, read here, never decided here). Empty for a run of one process."""

@@ -481,16 +481,14 @@ def test_the_console_draws_each_rank_over_time_through_the_dashboard_s_queries(c
     Prometheus (it holds no rules), so no rank is drawn as the odd one."""
     cfg, run, base = crashed_cluster
     found = Sources(base, base, base).rank_history(cfg.label, now=run.end_time() + 1)
-    for key in ("steptime", "wait"):
+    for key in ("steptime", "wait", "compute"):
         history = found["history"][key]
         assert [s["label"] for s in history["series"]] == [f"rank {r}" for r in range(4)], key
         assert len(history["times"]) > 20 and all(sum(v is not None for v in s["values"]) > 20
                                                  for s in history["series"]), key  # fmt: skip
     assert found["odd"] == []
-    assert Sources(base, base, base).rank_history("no-such-run", now=run.end_time()) == {
-        "history": {"steptime": {"times": [], "series": []}, "wait": {"times": [], "series": []}},
-        "odd": [],
-    }
+    empty = {k: {"times": [], "series": []} for k in ("steptime", "wait", "compute")}
+    assert Sources(base, base, base).rank_history("no-such-run", now=run.end_time()) == {"history": empty, "odd": []}
 
 
 @pytest.mark.integration

@@ -216,12 +216,44 @@ function rankChart(key, h, odd) {
   return new uPlot(opts, [h.times, ...h.series.map((s) => s.values)], el);
 }
 
+// A heat strip a rank: each moment's compute time over the fastest rank's then, white at 1, red
+// at 2 or more: a wide job's odd rank reads as one red strip where twenty curves would tangle.
+// (Not step time: every rank of a synchronous job steps as slowly as the slowest.)
+const HEAT_ROW = 14, HEAT_LABEL = 60;
+
+function drawHeat(h) {
+  const canvas = document.getElementById("heat-compute");
+  const width = Math.max(canvas.parentElement.clientWidth, 400);
+  canvas.width = width;
+  canvas.height = HEAT_ROW * h.series.length;
+  const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  const n = h.times.length, cell = (width - HEAT_LABEL) / Math.max(n, 1);
+  for (let t = 0; t < n; t++) {
+    const now = h.series.map((s) => s.values[t]).filter((v) => v != null && v > 0);
+    const fastest = now.length ? Math.min(...now) : null;
+    h.series.forEach((s, r) => {
+      const v = s.values[t];
+      if (v == null || fastest == null) return;
+      const slow = Math.min(Math.max(v / fastest - 1, 0), 1); // 0: as fast as the fastest, 1: twice as slow
+      const g = Math.round(255 * (1 - slow));
+      ctx.fillStyle = `rgb(255, ${g}, ${g})`;
+      ctx.fillRect(HEAT_LABEL + t * cell, r * HEAT_ROW, Math.ceil(cell), HEAT_ROW - 1);
+    });
+  }
+  ctx.fillStyle = "#333";
+  ctx.font = "11px sans-serif";
+  ctx.textBaseline = "middle";
+  h.series.forEach((s, r) => ctx.fillText(s.label, 2, r * HEAT_ROW + HEAT_ROW / 2));
+}
+
 async function refreshRankHistory() {
   if (document.getElementById("ranks-panel").hidden) return;
   try {
     const resp = await fetch(`/api/rank_history?run=${encodeURIComponent(root.dataset.run)}`);
     const data = await resp.json();
     if (!resp.ok) throw new Error(data.error || resp.statusText);
+    if (data.history.compute && data.history.compute.times.length) drawHeat(data.history.compute);
     for (const key of ["steptime", "wait"]) {
       const h = data.history[key];
       if (!h || h.times.length === 0) continue;
