@@ -162,11 +162,12 @@ def index(request: Request) -> Response:
     cluster = in_drill and int(drill.get("ranks", 1) or 1) > 1
     return console.render(
         "index.html", runs=runs, run=run, problems=problems,
-        incidents=INCIDENTS + (CLUSTER_INCIDENTS if cluster else ()),
+        incidents=INCIDENTS + (CLUSTER_INCIDENTS if cluster else ()), cluster=cluster,
         notice=console.notices.get(request.query_params.get("notice", "")),
         diagnosable=in_drill and drill.get("diagnosis") is None, diagnosed=in_drill and drill.get("diagnosis"),
         postmortem=postmortem.name if postmortem else None, rules=sources.rules_link() if run else "",
-        grafana=sources.grafana(run) if run else "", prometheus=sources.prometheus_link, fit=TrainConfig(),
+        grafana=sources.grafana(run) if run else "", fit=TrainConfig(),
+        prometheus=sources.prometheus_link if sources.has_ui() else "",  # Debian's build serves no pages
     )  # fmt: skip
 
 
@@ -200,6 +201,10 @@ def ranks(request: Request) -> Response:
     return _api(request, Sources.ranks, "straggler-0-083113")
 
 
+def rank_history(request: Request) -> Response:
+    return _api(request, Sources.rank_history, "straggler-0-083113")
+
+
 def pages(request: Request) -> Response:
     """The run's incidents, one entry each, open ones first, oldest first: their pages, state
     changes and ack. An incident not yet acknowledged offers an Ack, whatever its alert does now."""
@@ -214,7 +219,9 @@ def pages(request: Request) -> Response:
 
 
 def runbook(request: Request) -> Response:
-    console, alert = _console(request), request.path_params["alert"]
+    """An alert's runbook. /runbook/X.md too: a runbook links another as `X.md` (as it is named
+    in runbooks/, where GitHub follows it), which resolves here beside the one read."""
+    console, alert = _console(request), request.path_params["alert"].removesuffix(".md")
     try:
         text = console.sources.runbook(alert)
     except UnavailableError as err:
@@ -297,6 +304,7 @@ ROUTES = [
     Route("/", index),
     Route("/api/plate", plate),
     Route("/api/ranks", ranks),
+    Route("/api/rank_history", rank_history),
     Route("/pages", pages),
     Route("/runbook/{alert}", runbook),
     Route("/ack", ack, methods=["POST"]),

@@ -5,10 +5,17 @@ then applied).
 - **Backtest** runs `runwatch backtest` over a copy of the lab's rules with the edit, with a
   sweep of the edited alert around the edited value, and shows its tables and its plot.
 - **Apply** checks a copy of the lab's configuration with the edit as `runwatch reload` checks
-  it (`runwatch check --root COPY`: promtool check rules and config, the promtool unit tests,
-  amtool). If a check fails, it shows promtool's message and writes nothing. Otherwise it keeps
+  it (`runwatch check --root COPY --edit-of RULES`: promtool check rules and config, amtool, and
+  the promtool unit tests that do not pin what the edit changes; runwatch.prom.edits says why).
+  If a check fails, it says in one line what failed and what to do next, shows the checks'
+  output folded, and writes nothing. Otherwise it keeps
   the file's previous version beside it (`alerts.yml.previous`, which Prometheus does not load),
-  writes the edited file atomically and runs `runwatch reload`.
+  swaps the edited file in and runs `runwatch reload`. The swap compares the file's content
+  first (runwatch.core.files.replace_if): a save made on disk during the checks is kept, and
+  the edit refused.
+
+One writer at a time: a second Apply while one runs is told to wait, and at most MAX_BACKTESTS
+backtests run at once; each command the page runs is a process group of its own, ended whole.
 
 The file is edited line by line: only the edited rule's `expr:` (written as a literal block),
 its `for:` line and its threshold recording's `expr:` change, and every comment stays. The
@@ -22,15 +29,20 @@ read-only pass-through of a few of Prometheus's metadata endpoints, so the page'
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 import textwrap
-import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import requests
@@ -42,7 +54,7 @@ from starlette.routing import Route
 
 from runwatch.core.bounded import BoundedReadError, copy_folder, load_json_object, load_yaml
 from runwatch.core.durations import DurationError, duration_seconds
-from runwatch.core.files import write_atomic
+from runwatch.core.files import replace_if
 from runwatch.core.names import THRESHOLD
 from runwatch.core.paths import Layout
 
@@ -53,6 +65,9 @@ STRENGTHS = re.compile(r"\d*\.?\d+-\d*\.?\d+|\d*\.?\d+(?:,\d*\.?\d+)*")
 MAX_EDIT_EXPR = 4000  # characters: far more than any rule here, little enough to refuse a paste gone wrong
 BACKTEST_TIMEOUT_S = 600  # a cold backtest of 100 seeds is 10 s quiet, a minute on a loaded machine
 KEPT_PLOTS = 20
+MAX_BACKTESTS = 1  # at a time: each trains its runs on every core (runwatch backtest --workers)
+CHECK_TIMEOUT_S = 120  # `runwatch check` of a copy, then `runwatch reload`: promtool's unit tests take seconds
+GROUP_END_S = 5.0  # a SIGKILLed process group's members end at once; a zombie awaits its reaper
 PROXIED = re.compile(r"labels|label/[A-Za-z_][A-Za-z0-9_]*/values|series|metadata")
 # the sweep a Backtest draws around the edited value: below and above it
 THRESHOLD_FACTORS = (0.6, 0.8, 0.9, 1.1, 1.25, 1.5)
@@ -244,16 +259,18 @@ class Edit:
         return old, edit_text(old, self.alert.name, self.expr, self.hold, self.threshold)
 
     def sweep(self) -> str:
-        """A sweep of the edited alert around the edited value: its threshold's, else its for:'s."""
+        """A sweep of the edited alert around the edited value, its threshold's, else its for:'s,
+        and through the value in force: the backtest marks that one, and the edit (its first row)."""
         name = self.alert.name
         reads = f'{THRESHOLD}{{alertname="{name}"}}' in re.sub(r"\s+", "", self.expr or self.alert.expr)
         if (self.threshold or self.alert.threshold) is not None and reads:
             t = float(self.threshold or self.alert.threshold)
-            return f"{name}=" + ",".join(sorted({f"{t * f:.3g}" for f in THRESHOLD_FACTORS}, key=float))
+            values = {float(f"{t * f:.3g}") for f in THRESHOLD_FACTORS} | {float(self.alert.threshold or t)}
+            return f"{name}=" + ",".join(f"{v:g}" for v in sorted(values - {t}))
         hold = self.hold if self.hold is not None else self.alert.hold
         seconds = int(duration_seconds(hold or "0s", "for"))
-        values = sorted({max(0, seconds + d) for d in FOR_STEPS_S} - {seconds})
-        return f"{name}.for=" + ",".join(f"{v}s" for v in values)
+        values = {max(0, seconds + d) for d in FOR_STEPS_S} | {int(duration_seconds(self.alert.hold or "0s", "for"))}
+        return f"{name}.for=" + ",".join(f"{v}s" for v in sorted(values - {seconds}))
 
 
 def _is_duration(text: str) -> bool:
@@ -267,10 +284,17 @@ def _is_duration(text: str) -> bool:
 
 
 class Workbench:
-    """The Rules page's state: one apply at a time, and the plots of recent backtests."""
+    """The Rules page's state: one writer at a time, a bounded number of backtests, and the
+    plots of recent backtests.
+
+    `applying` is an asyncio lock, taken in the event loop and never held by a thread: a
+    threading.Lock held across an `await` hung the console for good at a second Apply (issue
+    40, N1). A second Apply, or a backtest past MAX_BACKTESTS, is told to wait, not queued.
+    """
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.applying = asyncio.Lock()
+        self.backtests = 0  # running now; counted in the event loop, so no lock
         self.plots = Path(tempfile.mkdtemp(prefix="runwatch-console-plots-"))
 
     def plot_name(self) -> str:
@@ -287,16 +311,38 @@ def _workbench(request: Request) -> Workbench:
     return state.workbench
 
 
-def _run(console: Any, *args: str, timeout: float, progress: bool = True) -> tuple[int, str]:
+def _run(console: Any, *args: str, timeout: float, progress: bool = True, tmp: Path | None = None) -> tuple[int, str]:
     """`runwatch ARGS` as the console runs its commands; (exit status, what it printed). Without
     `progress`, a command that succeeded shows its stdout only (a backtest's report, not its
-    progress lines)."""
+    progress lines). With `tmp`, the command's temporary files go there (TMPDIR), for the
+    caller to remove whatever way the command ends.
+
+    The command is a process group of its own, ended whole when it ends or times out: a
+    backtest's Prometheus servers and workers do not outlive it (issue 40, N8)."""
+    env = None if tmp is None else {**os.environ, "TMPDIR": str(tmp)}
+    argv = [*console.runwatch, *args]
+    proc = subprocess.Popen(argv, stdout=PIPE, stderr=PIPE, text=True, env=env, start_new_session=True)
     try:
-        proc = subprocess.run([*console.runwatch, *args], capture_output=True, text=True, timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _end_group(proc.pid)
+        proc.communicate()
         return 1, f"runwatch {args[0]} did not finish in {timeout:g} s"
-    shown = proc.stdout if proc.returncode == 0 and not progress else proc.stdout + proc.stderr
+    finally:
+        _end_group(proc.pid)
+    shown = out if proc.returncode == 0 and not progress else out + err
     return proc.returncode, shown.strip()
+
+
+def _end_group(group: int) -> None:
+    """SIGKILL what is left of a command's process group, and wait until none of it runs."""
+    deadline = time.monotonic() + GROUP_END_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:  # the group is empty: every member has ended
+            return
+        time.sleep(0.05)
 
 
 def _console(request: Request) -> Any:
@@ -367,17 +413,42 @@ async def backtest(request: Request) -> Response:
     except EditError as err:
         return _render(console, layout, alert, {"form": shown, "problem": str(err)}, 400)
     bench = _workbench(request)
+    if bench.backtests >= MAX_BACKTESTS:
+        busy = (f"a backtest is running already (at most {MAX_BACKTESTS} at a time: each trains on every core); "
+                "wait for it to finish, then backtest again")  # fmt: skip
+        return _render(console, layout, alert, {"form": shown, "problem": busy}, 429)
+    bench.backtests += 1
+    try:
+        run = (console, bench, layout, alert, text, edit.sweep(), seeds, strengths)
+        code, said, plot, table = await _backtest_run(*run)
+    finally:
+        bench.backtests -= 1
+    result = {"form": shown, "backtest": said, "ok": code == 0, "plot": plot, "sweep": edit.sweep(), "table": table}
+    return _render(console, layout, alert, result, 200 if code == 0 else 400)
+
+
+async def _backtest_run(
+    console: Any, bench: Workbench, layout: Layout, alert: Alert, text: str, sweep: str, seeds: str, strengths: str
+) -> tuple[int, str, str | None, dict | None]:
+    """`runwatch backtest` of a copy of the rules with the edit, as an edit of the rules the page
+    read (--edit-of: the rule in force is evaluated beside the edit): (exit status, its report,
+    its plot's name, its trade-off table from its --json). Its temporary files (its own and its
+    Prometheus servers') go under a folder removed here, however it ends: a kill -9 of it runs
+    no cleanup of its own."""
     plot = bench.plot_name()
     with tempfile.TemporaryDirectory(prefix="runwatch-console-backtest-") as tmp:
-        rules = Path(tmp) / "rules"
+        rules, scratch, report = Path(tmp) / "rules", Path(tmp) / "tmp", Path(tmp) / "backtest.json"
         copy_folder(layout.rules_dir, rules, ignore=shutil.ignore_patterns("*.previous"))
         (rules / alert.file.name).write_text(text)
-        args = ["backtest", f"--rules={rules}", f"--seeds={seeds}", f"--sweep={edit.sweep()}",
-                f"--plot={bench.plots / plot}", *([f"--strengths={strengths}"] if strengths else [])]  # fmt: skip
-        code, said = await run_in_threadpool(_run, console, *args, timeout=BACKTEST_TIMEOUT_S, progress=False)
-    result = {"form": shown, "backtest": said, "ok": code == 0, "plot": plot if code == 0 else None,
-              "sweep": edit.sweep()}  # fmt: skip
-    return _render(console, layout, alert, result, 200 if code == 0 else 400)
+        scratch.mkdir()
+        args = ["backtest", f"--rules={rules}", f"--edit-of={layout.rules_dir}", f"--seeds={seeds}",
+                f"--sweep={sweep}", f"--plot={bench.plots / plot}", f"--json={report}",
+                *([f"--strengths={strengths}"] if strengths else [])]  # fmt: skip
+        code, said = await run_in_threadpool(
+            _run, console, *args, timeout=BACKTEST_TIMEOUT_S, progress=False, tmp=scratch
+        )
+        table = json.loads(report.read_text())["summary"]["sweep"]["table"] if code == 0 else None
+    return code, said, plot if code == 0 else None, table
 
 
 async def apply(request: Request) -> Response:
@@ -396,33 +467,74 @@ async def apply(request: Request) -> Response:
                    "Apply reloads a lab: start the console with the lab's --state-dir (runwatch up does)")  # fmt: skip
         return _render(console, layout, alert, {"form": shown, "problem": problem}, 400)
     bench = _workbench(request)
-    with bench.lock:  # one apply at a time: each checks and writes what the last one left
+    if bench.applying.locked():  # one writer at a time; the other is told, not queued behind it
+        busy = "another Apply is running: wait for it to finish, then reload this page and apply again"
+        return _render(console, layout, alert, {"form": shown, "problem": busy}, 409)
+    async with bench.applying:
         code, said = await run_in_threadpool(_check_and_write, console, layout, alert.file, old, text)
     if code != 0:
-        return _render(console, layout, alert, {"form": shown, "refused": said}, 400)
+        headline, next_step = refusal(said)
+        refused = {"refused": said, "headline": headline, "next_step": next_step}
+        return _render(console, layout, alert, {"form": shown, **refused}, 400)
     _, _, now = _find(request)
     return _render(console, layout, now or alert, {"applied": said})
 
 
 def _check_and_write(console: Any, layout: Layout, path: Path, old: str, text: str) -> tuple[int, str]:
-    """`runwatch check` on a copy with the edit; if it passes, keep the old file, write the new
-    one whole and `runwatch reload`. A refused reload puts the old file back."""
+    """`runwatch check` on a copy with the edit; if it passes, swap the new text in for the old
+    one (the old kept as FILE.previous) and `runwatch reload`. A refused reload puts the old
+    text back. Both swaps compare the file's content first (replace_if): a save made on disk
+    while the checks ran is kept, and the edit is refused (issue 40, N2)."""
+    changed = f"{path.name} changed on disk while you edited it: nothing was written; reload the page and edit it again"
     if path.read_text() != old:
-        return 1, f"{path.name} changed while you edited it: reload the page and edit it again"
+        return 1, changed
     with tempfile.TemporaryDirectory(prefix="runwatch-console-apply-") as tmp:
         root = Path(tmp)
         for folder in ("prometheus", "alertmanager"):
             copy_folder(layout.root / folder, root / folder, ignore=shutil.ignore_patterns("*.previous"))
         (root / path.relative_to(layout.root)).write_text(text)
-        code, said = _run(console, "check", f"--root={root}", timeout=120)
+        # as an edit of the rules the page read: the tests that pin what it changes are left out
+        check = ["check", f"--root={root}", f"--edit-of={layout.rules_dir}"]
+        code, said = _run(console, *check, timeout=CHECK_TIMEOUT_S)
     if code != 0:
         return code, said.replace(str(root), str(layout.root))
-    write_atomic(path.with_name(path.name + ".previous"), old)
-    write_atomic(path, text)
-    code, said = _run(console, "reload", f"--state-dir={console.sources.state_dir}", timeout=120)
-    if code != 0 and "refused" in said:
-        write_atomic(path, old)
-    return code, said
+    left_out = [line.strip() for line in said.splitlines() if line.strip().startswith("left out, as")]
+    if not replace_if(path, old, text, keep=path.with_name(path.name + ".previous")):
+        return 1, changed
+    code, said = _run(console, "reload", f"--state-dir={console.sources.state_dir}", timeout=CHECK_TIMEOUT_S)
+    if code != 0 and "refused" in said and not replace_if(path, text, old):
+        said += f"\n{path.name} was saved on disk meanwhile: it is left as saved, not put back"
+    return code, "\n".join([said, *(["unit tests " + line for line in left_out] if code == 0 else [])])
+
+
+# What to do next, by the check that refused an edit: the first line of the refusal says what
+# failed, this what the learner does about it. The checks' whole output follows, folded.
+NEXT_STEP = {
+    "promtool check rules": "Fix the expression (the editor underlines what PromQL cannot parse), then Apply again.",
+    "two_runs": "With this edit an alert fires on two healthy runs, or a rule cannot evaluate with two runs at "
+    "once. Backtest it to see its false alarms; raise the threshold or lengthen for:, then Apply again.",
+    "promtool test rules": "A unit test that names no alert you edited fails with the edit: the edit changes what "
+    "it tests. Backtest the edit, or change that test in prometheus/tests/ if you mean the change.",
+    "reload": "Prometheus could not run the edited rules as they should run; the rules in force before are back. "
+    "Simplify the expression, Backtest it, then Apply again.",
+}
+CHECKED_ALSO = ("Checking ", "SUCCESS", "FAILED:", "(")  # a check's headings, not what failed
+
+
+def refusal(said: str) -> tuple[str, str]:
+    """A refused Apply in one line, and what to do next, from what `runwatch check` or `runwatch
+    reload` printed: the first check that failed, and its first line that says why."""
+    lines = [line.strip() for line in said.splitlines() if line.strip()]
+    failed = next((i for i, line in enumerate(lines) if line.startswith("FAIL  ")), None)
+    if failed is None:
+        reload = next((line for line in lines if "refused" in line or "changed on disk" in line), None)
+        why = reload or (lines[0] if lines else "the checks failed")
+        return why.removeprefix("runwatch reload: "), NEXT_STEP["reload"] if reload and "refused" in reload else ""
+    name = re.split(r"\s{2,}", lines[failed])[1]
+    detail = next((line for line in lines[failed + 1 :] if not line.startswith(CHECKED_ALSO)), "")
+    detail = re.sub(r"(?:/[^\s:]+/)+([^/\s:]+)", r"\1", detail)  # a file by its name: the page names its folder
+    step = NEXT_STEP["two_runs" if "two_runs" in detail else name] if name in NEXT_STEP else ""
+    return f"{name} failed: {detail}" if detail else f"{name} failed", step
 
 
 def plot_image(request: Request) -> Response:

@@ -25,11 +25,15 @@ from runwatch.core.bounded import load_json_object
 from runwatch.core.names import WATCH_GRACE_S
 from runwatch.core.paths import Layout
 from runwatch.prom.server import PromQLError, instant, quoted
+from runwatch.readouts import colours
 from runwatch.readouts import dashboard_queries as dq
 from runwatch.readouts.picture import PANELS, PlateData, collect
 
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # a run's folder under the lab's runs/
+# the plate's panels the console draws: the plate's three, then Lesson 20's stability row
+# (a mixed-precision run's loss scale and activation norm; empty, and hidden, in fp64)
+PLATE_PANELS = ("loss", "grad", "throughput", "scale", "norm")
 RUNS_LOOKBACK_S = 7 * 24 * 3600  # the run picker offers every run started in the last week
 TIMEOUT_S = 5
 
@@ -43,6 +47,10 @@ RANK_FIELDS = {
     ("Restarts, steps lost, ETTR", "C"): "ettr",
 }  # fmt: skip
 JOB_FIELDS = ("restarts", "lost", "ettr")
+# The cluster row over time, as the dashboard draws it: each rank's step time and collective wait
+RANK_HISTORY = {("Step time per rank", "A"): "steptime", ("Collective wait per rank", "A"): "wait",
+                ("Compute time per rank", "A"): "compute"}  # fmt: skip
+RANK_HISTORY_S = 600  # the last ten minutes of the run: a straggler's onset and what followed
 RANKS_WINDOW_S = 60  # a rank last scraped longer ago than this is not shown
 # A run whose step was last scraped longer ago than this (five 1 s scrape intervals, as
 # TrainerDown counts a target) has stopped: stopped with Ctrl-C it records no end time. Natively,
@@ -100,7 +108,7 @@ class Sources:
         """The picker's runs: the lab's own first (even before Prometheus holds a sample of it),
         then the others, newest first."""
         lab = self.lab_run()
-        return runs if lab is None else [lab, *(r for r in runs if r != lab)]
+        return list(dict.fromkeys(runs if lab is None else [lab, *runs]))  # each run once
 
     def lab_run(self) -> str | None:
         """The native lab's current run (its lab.json), if the console was given its state dir."""
@@ -193,6 +201,24 @@ class Sources:
         ranked = sorted((r for r in rows.values() if "rank" in r), key=lambda r: int(r["rank"]))
         return {"ranks": ranked, "job": job}
 
+    def rank_history(self, run_id: str, now: float | None = None) -> dict[str, Any]:
+        """Each rank's step time, collective wait and compute time over the last RANK_HISTORY_S seconds, one
+        curve a rank on one time axis (Unix seconds), as uPlot takes them, through the
+        dashboard's own queries; and `odd`: the ranks a firing alert of the run names (what
+        Prometheus says fires, read here, never decided here). Empty for a run of one process."""
+        end = now if now is not None else time.time()
+        out: dict[str, Any] = {}
+        try:
+            for q in dq.queries(self.dashboard):
+                key = RANK_HISTORY.get((q.title, q.ref))
+                if key is not None:
+                    out[key] = _by_rank(dq.run(self.prometheus, q, {"run": run_id}, end - RANK_HISTORY_S, end))
+            sel = f'ALERTS{{alertstate="firing",run_id="{quoted(run_id)}",rank!=""}}'
+            odd = sorted({s["metric"]["rank"] for s in instant(self.prometheus, sel, end)}, key=int)
+        except (requests.RequestException, PromQLError) as err:
+            raise UnavailableError(f"Prometheus at {self.prometheus} did not answer ({type(err).__name__})") from None
+        return {"history": out, "odd": odd}
+
     # --- the plate ---
 
     def plate(self, run_id: str, now: float | None = None) -> dict[str, Any]:
@@ -219,7 +245,7 @@ class Sources:
             # the lab's trainer holds its clock while Prometheus has not scraped it (trainer.live)
             "paused_for": info["paused_for"],
             "unseen": info["unseen"],
-            "panels": {key: aligned(data, key) for key in ("loss", "grad", "throughput")},
+            "panels": {key: aligned(data, key) for key in PLATE_PANELS},
             "incident": self.revealed(run_id) if info["drill"] else data.incident,
             "readouts": data.readouts,
             "links": {key: self.graph_link(key, run_id, end - start) for key in ("loss", "grad", "throughput")}
@@ -304,6 +330,18 @@ class Sources:
         return record if isinstance(record, dict) and isinstance(record.get("run_id"), str) else None
 
 
+def _by_rank(found: list[dict]) -> dict[str, Any]:
+    """A range query's series, one a rank, on one time axis: {"times", "series": [{"label",
+    "rank", "values"}]}, rank by rank (None where a rank has no sample)."""
+    times = sorted({float(t) for s in found for t, _ in s["values"]})
+    series = []
+    for s in sorted(found, key=lambda s: int(s["metric"].get("rank", "0") or 0)):
+        at = {float(t): float(v) for t, v in s["values"] if math.isfinite(float(v))}
+        rank = s["metric"].get("rank", "")
+        series.append({"label": f"rank {rank}", "rank": rank, "values": [at.get(t) for t in times]})
+    return {"times": times, "series": series}
+
+
 def aligned(data: PlateData, key: str) -> dict[str, Any]:
     """One panel's curves on one x axis of steps, as uPlot takes them ([x, y1, y2, ...])."""
     curves = data.series.get(key, {})
@@ -311,5 +349,6 @@ def aligned(data: PlateData, key: str) -> dict[str, Any]:
     series = []
     for label, pts in curves.items():
         at = {s: v for s, v in pts if math.isfinite(v)}  # JSON has no NaN; a gap draws as one
-        series.append({"label": label, "values": [at.get(s) for s in steps]})
+        # its colour by what it means (readouts.colours), as the plate PNG and Grafana draw it
+        series.append({"label": label, "values": [at.get(s) for s in steps], "colour": colours.colour(label)})
     return {"steps": steps, "series": series}

@@ -44,6 +44,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 
 from runwatch.core.names import CLUSTER_ALERTS, FIRST_FIRED, PLATE_ALERTS, THRESHOLD, url
+from runwatch.readouts import colours
 
 OUT = Path(__file__).with_name("dashboards")
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="runwatch-prometheus")
@@ -119,18 +120,27 @@ def series_panel(title: str, description: str) -> timeseries.Panel:
     )
 
 
+def fixed(name: str) -> DynamicConfigValue:
+    """The curve's colour by its meaning, as the console and the plate PNG draw it (runwatch.readouts.colours)."""
+    return DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": colours.colour(name)})
+
+
 def points(name: str) -> list[DynamicConfigValue]:
     return [
         DynamicConfigValue(id_val="custom.drawStyle", value="points"),
         DynamicConfigValue(id_val="custom.pointSize", value=6),
+        fixed(name),
     ]
 
 
 def dashed(name: str) -> list[DynamicConfigValue]:
-    return [
-        DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}),
-        DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": "red"}),
-    ]
+    """A threshold: dashed, in the threshold's red."""
+    return [DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}), fixed(name)]
+
+
+def solid(name: str) -> list[DynamicConfigValue]:
+    """A curve of a fixed meaning (the loss, the expected curve, the 5-step mean), solid, in its colour."""
+    return [fixed(name)]
 
 
 def run_variable() -> db.QueryVariable:
@@ -196,8 +206,8 @@ LOSS_MEAN = "5-step mean (what TrainingLossJump compares)"
 
 def loss_curves(panel: timeseries.Panel | trend.Panel) -> timeseries.Panel | trend.Panel:
     """The plate's loss curves on a panel of either axis: training loss, held-out dots (1 s
-    points), the expected curve dashed, the 5-step mean and TrainingLossJump's threshold line
-    (dashed, red), on a log scale."""
+    points), the expected curve (solid grey: a model of the loss, not a limit), the 5-step mean
+    and TrainingLossJump's threshold line (dashed, red), on a log scale."""
     return (
         panel.with_target(query(f"runwatch_train_loss{{{RUN}}}", "training loss", "A"))
         .with_target(query(HELDOUT_DOTS, "held-out loss", "B"))
@@ -210,8 +220,10 @@ def loss_curves(panel: timeseries.Panel | trend.Panel) -> timeseries.Panel | tre
                 "E",
             )
         )
+        .override_by_name("training loss", solid("training loss"))
         .override_by_name("held-out loss", points("held-out loss"))
-        .override_by_name(EXPECTED, dashed("expected"))
+        .override_by_name(EXPECTED, solid(EXPECTED))
+        .override_by_name(LOSS_MEAN, solid(LOSS_MEAN))
         .override_by_name(threshold_legend("TrainingLossJump"), dashed(threshold_legend("TrainingLossJump")))
         .scale_distribution(cb.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(10))
         .unit("none")
@@ -232,7 +244,7 @@ def loss_by_step() -> trend.Panel:
         .title("Training loss by step (the plate's x axis)")
         .description(
             "The loss panel against the training step, as the plate draws it: training loss (thin), "
-            "held-out loss every 10 steps (dots), the expected curve (dashed), and the 5-step mean with "
+            "held-out loss every 10 steps (dots), the expected curve (grey), and the 5-step mean with "
             "TrainingLossJump's threshold in force x its 30-step baseline (dashed red)."
         )
         .datasource(PROMETHEUS)

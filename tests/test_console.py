@@ -156,7 +156,7 @@ def test_a_busy_port_is_one_line(tmp_path):
 def test_the_labs_own_run_is_selected_and_listed_first_from_its_start_and_the_drill_form_fits_it(tmp_path):
     """A console of a lab whose run Prometheus does not hold (it does not even answer): the run
     shown, and the picker's first, is the lab's; the Diagnose form has no default answer and
-    offers the cluster's incidents only to a drill of several ranks."""
+    offers the cluster's incidents, and a rank to name, only to a drill of several ranks."""
     state = tmp_path / "state"
     state.mkdir()
     (state / "lab.json").write_text(json.dumps({"run_id": "drill-125959", "started_at": 0}))
@@ -178,6 +178,7 @@ def test_the_labs_own_run_is_selected_and_listed_first_from_its_start_and_the_dr
             form = page[page.index('id="diagnose-incident"') :].split("</select>")[0]
             assert '<option value="" selected disabled>' in form and 'value="none"' in form
             assert ('value="straggler"' in form) is cluster, ranks
+            assert ('id="diagnose-rank"' in page) is cluster, ranks  # a drill of one process has no rank to name
     finally:
         proc.terminate()
         proc.wait(10)

@@ -179,3 +179,24 @@ def test_a_form_from_another_origin_is_refused(lab):
         timeout=5,
     )
     assert resp.status_code == 403
+
+
+def test_the_stability_row_and_each_curve_s_colour_are_drawn_from_the_lab_s_fp16_run(lab, tab):
+    """Issue 36, item 3: in fp16, ActivationNormSpike paged, but the native console drew no loss
+    scale or logit norm (Grafana's rows for them exist only in compose); and a curve's colour
+    depended on the panel's other curves. The shared lab's runs are mixed precision."""
+    from runwatch.readouts import colours
+
+    tab.goto(f"{lab.url('console')}/?run={lab.run_id}")
+    drawn = "(c => c.scale && c.norm && c.scale.data[0].length > 1 && c.norm.data[0].length > 1)"
+    tab.wait_for_function(f"() => {drawn}(window.runwatchConsole.charts)", timeout=(2 * REFRESH_S + 8) * 1000)
+    assert tab.is_visible("#panel-scale") and tab.is_visible("#panel-norm")
+    strokes = "series.slice(1).map(s => [s.label, s._stroke])"
+    drawn = {k: tab.evaluate(f"() => window.runwatchConsole.charts.{k}.{strokes}") for k in ("loss", "scale", "norm")}
+    for key, series in drawn.items():
+        for label, stroke in series:
+            if colours.colour(label) is not None:
+                assert stroke == colours.colour(label), (key, label, stroke)
+    labels = [label for label, _ in drawn["loss"]]
+    assert any(a.startswith("expected") for a in labels) and any(a.startswith("5-step mean") for a in labels), labels
+    assert any(a == "alert threshold (LossScaleCollapse)" for a, _ in drawn["scale"]), drawn["scale"]

@@ -26,7 +26,7 @@ from runwatch.readouts import dashboard_queries as dq
 from runwatch.readouts.picture import collect, draw, windows
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.faults import checkpoint_before, fault_of
-from runwatch.trainer.gpu import NOMINAL_SM_MHZ, gpu_index, node_of
+from runwatch.trainer.gpu import NOMINAL_SM_MHZ, gpu_index, node_of, struck_rank
 from runwatch.trainer.offline import simulate, write_openmetrics
 from runwatch.trainer.run import Trainer
 from tests.conftest import need, runwatch, wait_for
@@ -448,3 +448,72 @@ def test_the_console_shows_each_rank_through_the_same_queries(crashed_cluster):
     during = sources.ranks(cfg.label, now=float(run.stamps()[stall]) + 1)
     assert {r["rank"]: r["xid"] for r in during["ranks"]} == {str(r): 79 if r == fault.rank else 0 for r in range(4)}
     assert sources.ranks("no-such-run", now=run.end_time()) == {"ranks": [], "job": {}}
+
+
+def test_each_curve_of_a_fixed_meaning_has_its_colour_everywhere_grafana_draws_it():
+    """Issue 36, item 3: the expected curve was dashed red in Grafana (a threshold's look), green in
+    the postmortem and grey in the console; the 5-step mean red or green by its panel's other curves.
+    Every curve whose legend has a meaning (runwatch.readouts.colours) is that colour in Grafana."""
+    from runwatch.readouts import colours
+
+    dash = json.loads((DASHBOARDS / "watching-a-run.json").read_text())
+    panels = [p for row in dash["panels"] for p in [row, *row.get("panels", [])]]
+    checked = 0
+    for panel in panels:
+        overrides = {o["matcher"]["options"]: o["properties"] for o in panel.get("fieldConfig", {}).get("overrides", [])
+                     if o["matcher"]["id"] == "byName"}  # fmt: skip
+        for target in panel.get("targets", []):
+            legend = target.get("legendFormat", "")
+            if panel.get("type") != "timeseries" and panel.get("type") != "trend" or colours.colour(legend) is None:
+                continue
+            found = {p["id"]: p["value"] for p in overrides.get(legend, [])}
+            where = (panel["title"], legend)
+            assert found.get("color") == {"mode": "fixed", "fixedColor": colours.colour(legend)}, where
+            assert ("custom.lineStyle" in found) == colours.dashed(legend), where
+            checked += 1
+    assert checked >= 12, checked  # the loss panels' five curves twice, and every threshold line
+
+
+@pytest.mark.integration
+def test_the_console_draws_each_rank_over_time_through_the_dashboard_s_queries(crashed_cluster):
+    """Issue 36, item 3: the cluster's rank table was a snapshot. /api/rank_history gives each
+    rank's step time and collective wait over time, one curve a rank; no alert fires in this
+    Prometheus (it holds no rules), so no rank is drawn as the odd one."""
+    cfg, run, base = crashed_cluster
+    found = Sources(base, base, base).rank_history(cfg.label, now=run.end_time() + 1)
+    for key in ("steptime", "wait", "compute"):
+        history = found["history"][key]
+        assert [s["label"] for s in history["series"]] == [f"rank {r}" for r in range(4)], key
+        assert len(history["times"]) > 20 and all(sum(v is not None for v in s["values"]) > 20
+                                                 for s in history["series"]), key  # fmt: skip
+    assert found["odd"] == []
+    empty = {k: {"times": [], "series": []} for k in ("steptime", "wait", "compute")}
+    assert Sources(base, base, base).rank_history("no-such-run", now=run.end_time()) == {"history": empty, "odd": []}
+
+
+@pytest.mark.integration
+def test_the_rank_a_firing_alert_names_is_the_odd_one(tmp_path):
+    """The odd rank is the one Prometheus's ALERTS names, firing, for the run: here a straggler's
+    rank, with a StragglerRank series of ALERTS written beside its run (as Prometheus records it)."""
+    cfg = TrainConfig(ranks=4, incident="straggler", seed=101, onset=30, steps=60)
+    run = simulate(cfg)
+    slow = struck_rank(cfg)
+    with open(tmp_path / "run.om", "w") as fh:
+        write_openmetrics([run], fh)
+    text = (tmp_path / "run.om").read_text().removesuffix("# EOF\n")
+    labels = f'alertname="StragglerRank",alertstate="firing",rank="{slow}",run_id="{cfg.label}",severity="page"'
+    stamps = [float(t) for t in run.stamps() if float(t) >= float(run.stamps()[-1]) - 20]
+    text += "# TYPE ALERTS gauge\n" + "".join(f"ALERTS{{{labels}}} 1 {t}\n" for t in stamps) + "# EOF\n"
+    (tmp_path / "run.om").write_text(text)
+    res = subprocess.run([need("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "run.om"),
+                          str(tmp_path / "data")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text("global: {}\n")
+    argv = prometheus_argv(need("prometheus"), tmp_path / "prometheus.yml", tmp_path / "data", port,
+                           "--storage.tsdb.retention.time=100y", "--query.lookback-delta=3s")  # fmt: skip
+    with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / "prometheus.log"):
+        base = f"http://127.0.0.1:{port}"
+        found = Sources(base, base, base).rank_history(cfg.label, now=stamps[-1])
+    assert found["odd"] == [str(slow)]
+    assert len(found["history"]["steptime"]["series"]) == 4

@@ -27,10 +27,12 @@ def foreground_up(state) -> tuple[subprocess.Popen, str]:
         cwd=state.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     printed = ""
-    while not printed.endswith("stop with `runwatch down`\n"):  # its last line before the foreground loop
+    while "stop with `runwatch down" not in printed:  # its last line before the foreground loop
         line = proc.stdout.readline()  # a dead `up` ends the output: no endless wait
         assert line, printed
         printed += line
+    # the command as printed stops this lab: it names the lab's state directory
+    assert printed.endswith(f"stop with `runwatch down --state-dir {state}`\n"), printed
     lab = Lab(state)
     records = lab.records()
     assert len(records) == 5 and all(

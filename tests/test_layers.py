@@ -220,7 +220,7 @@ CONSOLE_USES = {
     "runwatch.core.command", "runwatch.core.names", "runwatch.core.paths", "runwatch.core.addresses",
     "runwatch.readouts.dashboard_queries", "runwatch.readouts.picture", "runwatch.prom.server",
     "runwatch.trainer.config", "runwatch.core.files", "runwatch.core.bounded", "runwatch.core.durations",
-    "runwatch.core.serving", "runwatch.core.token",
+    "runwatch.core.serving", "runwatch.core.token", "runwatch.readouts.colours",
 }  # fmt: skip
 
 

@@ -173,3 +173,73 @@ def test_a_plot_needs_a_sweep_and_a_png_and_is_refused_before_anything_runs(tmp_
     with pytest.raises(UsageError, match=f"^{re.escape(said)}"):
         command(p.parse_args(["--seeds", "0", *args]))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [(["--edit-of", "."], "--edit-of: compares a sweep's alert: give --sweep too"),
+     (["--sweep", "HeldOutGap=1,2", "--edit-of", "nowhere"], "--edit-of: nowhere is not a directory")],
+)  # fmt: skip
+def test_an_edit_of_needs_a_sweep_and_a_folder_and_is_refused_before_anything_runs(tmp_path, monkeypatch, args, said):
+    import argparse
+
+    from runwatch.backtest import backtest as bt
+
+    monkeypatch.chdir(tmp_path)
+    p = argparse.ArgumentParser()
+    command = bt.add_arguments(p)
+    with pytest.raises(UsageError, match=f"^{re.escape(said)}"):
+        command(p.parse_args(["--seeds", "0", *args]))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.integration
+def test_a_backtest_of_an_edit_marks_the_edit_and_the_rule_in_force(tmp_path):
+    """The console's Backtest (issue 36, item 2): the sweep of an edit of TrainingLossJump to 2.5
+    runs through the value in force (3), the edit is its first row, the rule in force (evaluated
+    beside it from --edit-of's rules) its second, and the sweep's 3 says it is the value in force."""
+    rules = tmp_path / "rules"
+    shutil.copytree(REPO / "prometheus" / "rules", rules)
+    edit(rules / "alerts.yml", threshold("TrainingLossJump", "3"), threshold("TrainingLossJump", "2.5"))
+    res = backtest("--seeds", "100-101", "--incidents", INCIDENTS, "--rules", str(rules),
+                   "--edit-of", str(REPO / "prometheus" / "rules"), "--sweep", "TrainingLossJump=2,3,4",
+                   "--json", "e.json", cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    sweep = json.loads((tmp_path / "e.json").read_text())["summary"]["sweep"]
+    assert [(r["alert"], r["value"], r["role"]) for r in sweep["rows"]] == [
+        ("TrainingLossJump", "2.5", "edit"), ("TrainingLossJump@in-force", "3", "in force"),
+        ("TrainingLossJump@2", "2", ""), ("TrainingLossJump@3", "3", "= in force"), ("TrainingLossJump@4", "4", ""),
+    ]  # fmt: skip
+    in_force, as_3 = sweep["rows"][1], sweep["rows"][3]
+    assert (in_force["caught"], in_force["false_alarms"]) == (as_3["caught"], as_3["false_alarms"])
+    assert [row[0] for row in sweep["table"]["rows"]] == [
+        "threshold", "2.5 (the edit)", "3 * in force", "2", "3 (= in force)", "4"
+    ]  # fmt: skip
+    assert "\n2.5 (the edit)" in res.stdout and "\n3 * in force" in res.stdout
+
+
+def test_no_label_of_the_trade_off_plot_overlaps_another():
+    """In `runwatch backtest --sweep TrainingLossJump=2,2.5,3,4,5 --plot`, 2.5, 3, 4 and 5 traded
+    the same, and their labels printed on top of each other at (0, 2.0) (issue 36, item 2)."""
+    from runwatch.backtest.sweep import Sweep, figure
+
+    def row(value: str, role: str, fa: float, median: float) -> dict:
+        return {"value": value, "role": role, "in_force": role == "in force", "median": median, "caught_total": 8,
+                "should_catch": 8, "false_alarms": {"per_100_run_hours": fa}}  # fmt: skip
+
+    rows = [
+        row("3", "in force", 0, 2),
+        *(row(v, "= in force" if v == "3" else "", 0, 2) for v in ("2.5", "3", "4", "5")),
+    ]
+    rows.insert(1, row("2", "", 45.2, 1))
+    fig = figure(rows, Sweep("TrainingLossJump", "threshold", ("2", "2.5", "3", "4", "5")))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in fig.findobj(lambda a: type(a).__name__ in ("Text", "Annotation")) if t.get_text().strip()]
+    texts = [t for t in texts if t.get_visible() and not any(t in ax.get_xticklabels() + ax.get_yticklabels()
+                                                            for ax in fig.axes)]  # fmt: skip
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    overlapping = [(a, b) for i, (a, p) in enumerate(boxes) for b, q in boxes[i + 1 :] if p.overlaps(q)]
+    assert overlapping == [], overlapping
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:2] == ["2", "2.5"] and "4, on 2.5's point" in legend and legend[-1] == "in force (3), on 2.5's point"

@@ -12,20 +12,26 @@ window.runwatchConsole = { charts, state }; // what the browser tests read
 const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"];
 const MARKS = ["#9467bd", "#ff7f0e", "#2ca02c", "#8c564b", "#e377c2", "#bcbd22"];
 
-function seriesStyle(label, i) {
-  const s = { label, stroke: COLOURS[i % COLOURS.length], width: 1, spanGaps: true };
+// A curve's colour is its meaning's (the server sends it: runwatch.readouts.colours), the same
+// in the plate PNG, the postmortem and Grafana; a curve of no fixed meaning takes the next one.
+function seriesStyle(series, i) {
+  const label = series.label, colour = series.colour || COLOURS[i % COLOURS.length];
+  const s = { label, stroke: colour, width: 1, spanGaps: true };
   if (label === "held-out loss") {
-    return { ...s, paths: () => null, points: { show: true, size: 7, fill: COLOURS[i % COLOURS.length] } };
+    return { ...s, paths: () => null, points: { show: true, size: 7, fill: colour } };
   }
-  // a threshold is dashed red; the expected curve is a model of the loss, not a limit: solid grey
+  // a threshold is dashed; the expected curve is a model of the loss, not a limit: solid
   if (label.startsWith("alert threshold")) {
-    return { ...s, dash: [8, 6], stroke: "#d62728", points: { show: false } };
+    return { ...s, dash: [8, 6], points: { show: false } };
   }
   if (label.startsWith("expected")) {
-    return { ...s, stroke: "#888", width: 1.5, points: { show: false } };
+    return { ...s, width: 1.5, points: { show: false } };
   }
   return { ...s, points: { show: false } };
 }
+
+const PLATE_PANELS = ["loss", "grad", "throughput", "scale", "norm"]; // console/sources.py's
+const STABILITY = ["scale", "norm"]; // Lesson 20's row: a mixed-precision run's; hidden when empty
 
 // The incident window (shaded) and a dotted line where each alert first fired, with its name.
 function marksPlugin() {
@@ -86,10 +92,10 @@ function makeChart(key, panel) {
   const opts = {
     width: Math.max(el.clientWidth, 400),
     height: 220,
-    scales: { x: { time: false }, y: key === "loss" ? { distr: 3 } : {} },
+    scales: { x: { time: false }, y: key === "loss" || key === "scale" ? { distr: 3 } : {} },
     // whole steps on x; room on y for "65,000" tokens/s
     axes: [{ label: "training step", incrs: [1, 2, 5, 10, 20, 25, 50, 100, 200, 500, 1000] }, { size: 70 }],
-    series: [{ label: "step" }, ...panel.series.map((s, i) => seriesStyle(s.label, i))],
+    series: [{ label: "step" }, ...panel.series.map((s, i) => seriesStyle(s, i))],
     plugins: [marksPlugin()],
   };
   return new uPlot(opts, toData(panel), el);
@@ -138,8 +144,13 @@ async function refreshPlate() {
       return;
     }
     state.plate = p;
-    for (const key of ["loss", "grad", "throughput"]) {
+    for (const key of PLATE_PANELS) {
       const panel = p.panels[key];
+      if (STABILITY.includes(key)) {
+        const empty = !panel || panel.steps.length === 0;
+        document.getElementById(`panel-${key}`).hidden = empty;
+        if (empty) continue;
+      }
       const labels = panel.series.map((s) => s.label).join("|");
       if (!charts[key] || charts[key]._labels !== labels) {
         if (charts[key]) charts[key].destroy();
@@ -188,6 +199,78 @@ async function refreshRanks() {
   }
 }
 
+// The cluster row over time (/api/rank_history): each rank's step time and collective wait,
+// one thin curve a rank; a rank that a firing alert names (Prometheus's ALERTS) drawn thick, red.
+const ODD_COLOUR = "#d62728", RANK_COLOUR = "#8aa4c8";
+
+function rankChart(key, h, odd) {
+  const el = document.getElementById(`chart-${key}`);
+  const series = h.series.map((s) => odd.includes(s.rank)
+    ? { label: s.label, stroke: ODD_COLOUR, width: 2.5, spanGaps: true, points: { show: false } }
+    : { label: s.label, stroke: RANK_COLOUR, width: 1, spanGaps: true, points: { show: false } });
+  const opts = {
+    width: Math.max(el.clientWidth, 400), height: 180,
+    axes: [{}, { size: 60, label: key === "steptime" ? "step time s" : "collective wait s" }],
+    series: [{ label: "time" }, ...series],
+  };
+  return new uPlot(opts, [h.times, ...h.series.map((s) => s.values)], el);
+}
+
+// A heat strip a rank: each moment's compute time over the fastest rank's then, white at 1, red
+// at 2 or more: a wide job's odd rank reads as one red strip where twenty curves would tangle.
+// (Not step time: every rank of a synchronous job steps as slowly as the slowest.)
+const HEAT_ROW = 14, HEAT_LABEL = 60;
+
+function drawHeat(h) {
+  const canvas = document.getElementById("heat-compute");
+  const width = Math.max(canvas.parentElement.clientWidth, 400);
+  canvas.width = width;
+  canvas.height = HEAT_ROW * h.series.length;
+  const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  const n = h.times.length, cell = (width - HEAT_LABEL) / Math.max(n, 1);
+  for (let t = 0; t < n; t++) {
+    const now = h.series.map((s) => s.values[t]).filter((v) => v != null && v > 0);
+    const fastest = now.length ? Math.min(...now) : null;
+    h.series.forEach((s, r) => {
+      const v = s.values[t];
+      if (v == null || fastest == null) return;
+      const slow = Math.min(Math.max(v / fastest - 1, 0), 1); // 0: as fast as the fastest, 1: twice as slow
+      const g = Math.round(255 * (1 - slow));
+      ctx.fillStyle = `rgb(255, ${g}, ${g})`;
+      ctx.fillRect(HEAT_LABEL + t * cell, r * HEAT_ROW, Math.ceil(cell), HEAT_ROW - 1);
+    });
+  }
+  ctx.fillStyle = "#333";
+  ctx.font = "11px sans-serif";
+  ctx.textBaseline = "middle";
+  h.series.forEach((s, r) => ctx.fillText(s.label, 2, r * HEAT_ROW + HEAT_ROW / 2));
+}
+
+async function refreshRankHistory() {
+  if (document.getElementById("ranks-panel").hidden) return;
+  try {
+    const resp = await fetch(`/api/rank_history?run=${encodeURIComponent(root.dataset.run)}`);
+    const data = await resp.json();
+    if (!resp.ok) throw new Error(data.error || resp.statusText);
+    if (data.history.compute && data.history.compute.times.length) drawHeat(data.history.compute);
+    for (const key of ["steptime", "wait"]) {
+      const h = data.history[key];
+      if (!h || h.times.length === 0) continue;
+      const shape = h.series.map((s) => s.label).join("|") + "/" + data.odd.join(",");
+      if (!charts[key] || charts[key]._shape !== shape) { // a rank joined, or an alert names another
+        if (charts[key]) charts[key].destroy();
+        charts[key] = rankChart(key, h, data.odd);
+        charts[key]._shape = shape;
+      } else {
+        charts[key].setData([h.times, ...h.series.map((s) => s.values)]);
+      }
+    }
+  } catch (err) {
+    // the next refresh tries again; the charts keep what they showed
+  }
+}
+
 async function refreshPages() {
   const box = document.getElementById("pages");
   try {
@@ -227,4 +310,5 @@ if (root) {
   setInterval(refreshPlate, REFRESH_MS);
   setInterval(refreshPages, REFRESH_MS);
   setInterval(refreshRanks, REFRESH_MS);
+  setInterval(refreshRankHistory, REFRESH_MS);
 }

@@ -68,7 +68,7 @@ from runwatch.core.files import write_atomic
 from runwatch.core.names import CLUSTER_ALERTS, LOOPBACK, META_GROUP, PORTS
 from runwatch.core.paths import Layout
 from runwatch.exporter.metrics import STEP
-from runwatch.prom.server import Process, free_port, prometheus_argv, query_range
+from runwatch.prom.server import Process, die_with_parent, free_port, prometheus_argv, query_range
 from runwatch.prom.tools import binary, run_tool
 from runwatch.trainer.batch import train_columns
 from runwatch.trainer.config import MAX_RANKS, MAX_SEED, ConfigError, TrainConfig
@@ -352,7 +352,8 @@ class Throwaway:
     def running(self) -> Process:
         # Prometheus closes its TSDB only once the queries in flight end; this one's data is
         # thrown away, so a Ctrl-C during a slow query need not wait for it.
-        return Process(self.argv, f"{self.base}/-/ready", self.tmpdir / f"{self.name}.log", grace=1.0)
+        # It dies with the backtest, even on a kill -9 that runs no `finally` (die_with_parent).
+        return Process(self.argv, f"{self.base}/-/ready", self.tmpdir / f"{self.name}.log", grace=1.0, with_parent=True)
 
 
 @dataclass
@@ -492,16 +493,18 @@ def _train_and_load(
     return meta, samples
 
 
-def _ignore_interrupts() -> None:
-    """A worker's Ctrl-C is its parent's to handle: the parent stops it (_processes)."""
+def _worker_start(parent: int) -> None:
+    """A worker's Ctrl-C is its parent's to handle: the parent stops it (_processes). Its
+    parent's death, a kill -9 included, ends it (die_with_parent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
 
 
 @contextlib.contextmanager
 def _processes(workers: int) -> Iterator[ProcessPoolExecutor]:
     """A process pool whose workers a Ctrl-C stops at once. The terminal's Ctrl-C reaches every
     worker too; one interrupted mid-task broke the pool, and its shutdown once waited over 60 s."""
-    pool = ProcessPoolExecutor(workers, initializer=_ignore_interrupts)
+    pool = ProcessPoolExecutor(workers, initializer=_worker_start, initargs=(os.getpid(),))
     try:
         yield pool
     except BaseException:
@@ -922,6 +925,11 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     )  # fmt: skip
     p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="with --sweep, draw the trade-off here")
     p.add_argument(
+        "--edit-of", type=Path, default=None, metavar="RULES_DIR",
+        help="with --sweep: --rules are an edit of the rules in RULES_DIR (those in force); the sweep's alert as "
+        "they write it is evaluated beside the edit, and the trade-off marks the edit and the rule in force",
+    )  # fmt: skip
+    p.add_argument(
         "--no-cache", action="store_true", help="train and load the runs afresh, and keep nothing in the cache"
     )
     p.add_argument(
@@ -931,9 +939,15 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     return run
 
 
+def _written(rules_dir: Path) -> list[dict]:
+    """Every rule of a rules folder's files, as written (bounded, no aliases: issue 40)."""
+    return [r for f in Layout().rule_files(rules_dir) for g in (load_yaml(f, "a rule file") or {}).get(
+        "groups", []) for r in g.get("rules", [])]  # fmt: skip
+
+
 def _workbench_report(
     summary: dict, result: Result, in_force: Result, rules_dir: Path, strengths: Strengths | None,
-    swept: workbench.Sweep | None, plot: Path | None,
+    swept: workbench.Sweep | None, plot: Path | None, edit_of: Path | None = None,
 ) -> None:  # fmt: skip
     """--strengths' table by band and --sweep's trade-off (runwatch.backtest.sweep), printed and
     kept in the summary; --plot's figure."""
@@ -942,18 +956,27 @@ def _workbench_report(
         print("\n" + workbench.catches_table(summary["by_strength"], in_force.alerts))
     if swept is None:
         return
-    written = [
-        r
-        for f in Layout().rule_files(rules_dir)
-        for g in (load_yaml(f, "a rule file") or {}).get("groups", [])
-        for r in g.get("rules", [])
-    ]  # fmt: skip  (load_rules checked them: bounded, no aliases)
-    rows = workbench.trade_off(result, swept, strengths, workbench.in_force(written, swept))
-    summary["sweep"] = {"alert": swept.alert, "field": swept.field, "values": list(swept.values), "rows": rows}
+    current = workbench.in_force(_written(rules_dir), swept)
+    forced = None if edit_of is None else workbench.in_force(_written(edit_of), swept)
+    rows = workbench.trade_off(result, swept, strengths, current, forced)
+    title, cells = workbench.sweep_cells(rows, swept)
+    summary["sweep"] = {"alert": swept.alert, "field": swept.field, "values": list(swept.values), "rows": rows,
+                        "table": {"title": title, "rows": cells}}  # fmt: skip
     print("\n" + workbench.sweep_table(rows, swept))
     if plot is not None:
         workbench.plot(rows, swept, plot)
         print(f"backtest: wrote the trade-off to {plot}", file=sys.stderr)
+
+
+def _sweep_edit(swept: workbench.Sweep | None, edit_of: Path | None) -> Callable[[Rules], Rules] | None:
+    """The rules' edit a sweep makes: its variants, and with --edit-of the rule in force beside them."""
+    if swept is None:
+        return None
+    variants = workbench.variants(swept)
+    if edit_of is None:
+        return variants
+    beside = workbench.with_in_force(swept, _written(edit_of))
+    return lambda rules: beside(variants(rules))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -977,6 +1000,9 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.json, "--json")
     strengths = None if args.strengths is None else parse_strengths(args.strengths)
     swept = None if args.sweep is None else workbench.parse_sweep(args.sweep)
+    if args.edit_of is not None and (swept is None or not args.edit_of.is_dir()):
+        why = "compares a sweep's alert: give --sweep too" if swept is None else f"{args.edit_of} is not a directory"
+        raise UsageError(f"--edit-of: {why}")
     if args.plot is not None:
         if swept is None:
             raise UsageError("--plot: draws a sweep's trade-off: give --sweep too")
@@ -996,15 +1022,15 @@ def run(args: argparse.Namespace) -> int:
     cache = None if args.no_cache else DataCache(default_root(), args.cache_max_mb << 20)
     result = backtest(
         seeds, rules_dir, incidents, args.workers, precision=args.precision, cache=cache, ranks=args.ranks,
-        schedule=schedule, strengths=strengths, edit=None if swept is None else workbench.variants(swept),
+        schedule=schedule, strengths=strengths, edit=_sweep_edit(swept, args.edit_of),
     )  # fmt: skip
     wall = time.perf_counter() - t0
-    extra = set(swept.names) if swept else set()
+    extra = set(swept.names) | {f"{swept.alert}@{workbench.IN_FORCE}"} if swept else set()
     in_force = dataclasses.replace(result, alerts=[a for a in result.alerts if a not in extra])
     summary = summarise(in_force)
     summary["seconds"]["total"] = round(wall, 1)
     print(report(summary, in_force.alerts))
-    _workbench_report(summary, result, in_force, rules_dir, strengths, swept, args.plot)
+    _workbench_report(summary, result, in_force, rules_dir, strengths, swept, args.plot, args.edit_of)
     over = f" over {args.ranks} ranks" if args.ranks > 1 else ""
     print(f"\n{len(result.runs)} {args.precision} runs{over} ({len(seeds)} seeds x {len(incidents)} incidents), "
           f"{result.samples:,} samples{' (from the cache)' if result.cached else ''}, in {wall:.1f}s")  # fmt: skip

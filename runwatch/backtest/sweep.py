@@ -196,6 +196,35 @@ def variants(sweep: Sweep):
     return edit
 
 
+IN_FORCE = "in-force"  # the rule in force beside an edit: ALERT@in-force
+
+
+def with_in_force(sweep: Sweep, in_force_rules: list[dict]):
+    """An edit of the backtest's rules (backtest(edit=...)): the alert as the rules in force
+    write it, beside the edited one, as ALERT@in-force, reading a threshold recording of its own
+    (the in-force value). With it a backtest of an edit compares the edit with the rule in force
+    on the same runs, whatever the edit changed (threshold, for: or expression)."""
+    name = f"{sweep.alert}@{IN_FORCE}"
+    rule = next((r for r in in_force_rules if r.get("alert") == sweep.alert), None)
+    if rule is None:
+        raise UsageError(f"--edit-of: the rules in force have no alert {sweep.alert!r} to compare the edit with")
+    recorded = next((r for r in in_force_rules if r.get("record") == THRESHOLD
+                     and (r.get("labels") or {}).get("alertname") == sweep.alert), None)  # fmt: skip
+
+    def edit(rules: Rules) -> Rules:
+        i = next(i for i, r in enumerate(rules.alerting) if r["alert"] == sweep.alert)
+        out = dataclasses.replace(rules, recording=list(rules.recording), alerting=list(rules.alerting),
+                                  alert_at=[*rules.alert_at, rules.alert_at[i]])  # fmt: skip
+        reads = recorded is not None and any(r.name == THRESHOLD for r in references(str(rule["expr"])))
+        expr = _reading(str(rule["expr"]), sweep.alert, name) if reads else str(rule["expr"])
+        out.alerting.append({**rule, "alert": name, "expr": expr})
+        if reads:
+            out.recording.append({"record": THRESHOLD, "labels": {"alertname": name}, "expr": recorded["expr"]})
+        return out
+
+    return edit
+
+
 def _reading(expr: str, alert: str, name: str) -> str:
     """The alert's expression reading the threshold recorded for `name` instead of its own."""
     refs = [r for r in references(expr) if r.name == THRESHOLD and (r.matchers or {}).get("alertname") == alert]
@@ -276,20 +305,40 @@ def false_alarms(result: Result, alert: str, judge: str) -> dict:
             "per_100_run_hours": round(100 * pages / hours, 1) if hours else None}  # fmt: skip
 
 
-def trade_off(result: Result, sweep: Sweep, strengths: Strengths | None, current: str | None) -> list[dict]:
-    """One row per value, the rule in force first: its catches, delays and false alarms."""
-    rows = [(sweep.alert, current, True)] + [(sweep.name(v), v, v == current) for v in sweep.values]
+def trade_off(
+    result: Result, sweep: Sweep, strengths: Strengths | None, current: str | None, in_force: str | None = None
+) -> list[dict]:
+    """One row per value: its catches, delays and false alarms. First the rule as written: the
+    rule in force, or with `in_force` (the value of the rule in force, with_in_force's variant
+    evaluated) the edit, then the rule in force; then the sweep's values, the one equal to the
+    value in force marked so."""
+    edit = in_force is not None or any(a.endswith(f"@{IN_FORCE}") for a in result.alerts)
+    rows = [(sweep.alert, current, "edit" if edit else "in force")]
+    rows += [(f"{sweep.alert}@{IN_FORCE}", in_force, "in force")] if edit else []
+    forced = in_force if edit else current
+    rows += [(sweep.name(v), v, "= in force" if _same(v, forced, sweep) else "") for v in sweep.values]
     out = []
-    for name, value, forced in rows:
+    for name, value, role in rows:
         caught = catches(result, strengths, [name], judge=sweep.alert)
         delays = [d for r in result.runs if _judged(r, sweep.alert) for d in [delay(r, name)] if d is not None]
-        out.append({"alert": name, "value": value, "in_force": name == sweep.alert, "same_as_in_force": forced,
+        out.append({"alert": name, "value": value, "role": role, "in_force": role == "in force",
+                    "same_as_in_force": role in ("in force", "= in force"),
                     "caught": {i: {b: c[name] for b, c in bands.items()} for i, bands in caught.items()},
                     "caught_total": sum(r["first_fire"][name] is not None and delay(r, name) is not None
                                         for r in result.runs if _judged(r, sweep.alert)),
                     "should_catch": sum(_judged(r, sweep.alert) for r in result.runs),
                     **_stats(delays), "false_alarms": false_alarms(result, name, sweep.alert)})  # fmt: skip
     return out
+
+
+def _same(value: str, forced: str | None, sweep: Sweep) -> bool:
+    """Whether a sweep's value is the value in force (2.50 is 2.5; 1m is 60s)."""
+    if forced is None:
+        return False
+    try:
+        return _value(value, sweep.field) == _value(forced, sweep.field)
+    except (UsageError, ValueError):
+        return value == forced
 
 
 def _judged(run: dict, alert: str) -> bool:
@@ -319,15 +368,20 @@ def catches_table(cells: dict, alerts: list[str]) -> str:
     return head + "\n\n" + _columns(rows)
 
 
-def sweep_table(rows: list[dict], sweep: Sweep) -> str:
-    """One line per value: caught/runs in each incident, band by band (weakest first), the delays
-    and the false alarms."""
+MARKS = {"in force": " * in force", "edit": " (the edit)", "= in force": " (= in force)", "": ""}
+
+
+def sweep_cells(rows: list[dict], sweep: Sweep) -> tuple[str, list[list[str]]]:
+    """The trade-off as a table: (its title, its rows of cells, the header first): one line per
+    value, the rule in force marked `*`, the edit marked as the edit: caught/runs in each
+    incident, band by band (weakest first), the delays and the false alarms. The terminal prints
+    it (sweep_table); the console draws it from the backtest's --json."""
     field = "threshold" if sweep.field == "threshold" else "for:"
     incidents = list(dict.fromkeys(i for r in rows for i in r["caught"]))
     bands = {i: list(dict.fromkeys(b for r in rows for b in r["caught"].get(i, {}))) for i in incidents}
     out = [[field, *incidents, "delay median", "worst", "false/100h", "silent runs paged"]]
     for r in rows:
-        value = (r["value"] or "as written") + (" *" if r["in_force"] else "")
+        value = (r["value"] or "as written") + MARKS[r.get("role", "in force" if r["in_force"] else "")]
         caught = [" ".join(f"{c['caught']}/{c['runs']}" for b in bands[i] for c in [r["caught"].get(i, {}).get(b)] if c)
                   for i in incidents]  # fmt: skip
         fa = r["false_alarms"]
@@ -338,7 +392,13 @@ def sweep_table(rows: list[dict], sweep: Sweep) -> str:
         f"sweep of {sweep.alert}'s {field} (* the rule in force): runs caught by strength band ({legend}); delay "
         "after the onset in steps; false alarms per 100 run-hours of the runs where it should stay silent"
     )
-    return title + "\n\n" + _columns(out)
+    return title, out
+
+
+def sweep_table(rows: list[dict], sweep: Sweep) -> str:
+    """sweep_cells, in columns for the terminal."""
+    title, cells = sweep_cells(rows, sweep)
+    return title + "\n\n" + _columns(cells)
 
 
 def _columns(rows: list[list[str]]) -> str:
@@ -346,44 +406,88 @@ def _columns(rows: list[list[str]]) -> str:
     return "\n".join("".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def plot(rows: list[dict], sweep: Sweep, path: Path) -> None:
-    """The trade-off: median delay after the onset against false alarms per 100 run-hours, one
-    point per value, the rule in force marked. Written atomically."""
+# The plot's colours: each value of the sweep along viridis (low to high), the rule in force
+# and the edit in the colours the console and the dashboards give them (grey and orange).
+IN_FORCE_COLOUR, EDIT_COLOUR = "#555555", "#ff7f0e"
+MARKERS = "osD^vP<>Xhp"  # each sweep value its own shape as well as its colour: two points on one spot stay told apart
+
+
+def _fa(r: dict) -> float:
+    return r["false_alarms"]["per_100_run_hours"] or 0.0
+
+
+def _share(r: dict) -> float:
+    return 100 * r["caught_total"] / max(1, r["should_catch"])
+
+
+def _median(r: dict) -> float:
+    return float("nan") if r["median"] is None else r["median"]
+
+
+def _points(rows: list[dict]) -> list[tuple[dict, dict]]:
+    """Each row's point as drawn: (the row, its style and its legend's label). The sweep's values
+    along viridis, each its own shape; the rule in force a grey star, the edit an orange diamond,
+    drawn last, on top. A point on the spot of one drawn before says so in its label."""
+    import matplotlib.pyplot as plt
+
+    swept = [r for r in rows if r.get("role", "") in ("", "= in force")]
+    marked = [r for r in rows if r.get("role") in ("in force", "edit")]
+    out, spots = [], {}
+    for k, r in enumerate(swept):
+        name = f"{r['value']}" + (" (= in force)" if r.get("role") == "= in force" else "")
+        colour = plt.get_cmap("viridis")(k / max(1, len(swept) - 1))
+        style = {"marker": MARKERS[k % len(MARKERS)], "ms": 8, "color": colour, "alpha": 0.85, "zorder": 2}
+        out.append((r, style, name))
+    for r in marked:
+        force = r["role"] == "in force"
+        style = {"marker": "*" if force else "d", "ms": 16 if force else 12, "zorder": 3, "markeredgecolor": "white",
+                 "color": IN_FORCE_COLOUR if force else EDIT_COLOUR}  # fmt: skip
+        out.append((r, style, f"{'in force' if force else 'the edit'} ({r['value'] or 'as written'})"))
+    labelled = []
+    for r, style, name in out:
+        first = spots.setdefault((_fa(r), r["median"], _share(r)), name.split(" (")[0])
+        on = "" if first == name.split(" (")[0] else f", on {first}'s point"
+        labelled.append((r, {**style, "label": name + on}))
+    return labelled
+
+
+def figure(rows: list[dict], sweep: Sweep) -> Any:
+    """The trade-off: median delay after the onset, and the share of incident runs caught,
+    against false alarms per 100 run-hours, one point per value. Every point is named in the
+    legend beside the panels, never by a label on the plot: values that trade the same sit on
+    one spot (2.5, 3, 4 and 5 at no false alarm and 2 steps), where labels printed on top of
+    one another. Returns the matplotlib Figure (plot() writes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=100)
-    points, force = [r for r in rows if not r["in_force"]], rows[0]
-
-    def fa(r: dict) -> float:
-        return r["false_alarms"]["per_100_run_hours"] or 0.0
-
-    def nan(v: float | None) -> float:
-        return float("nan") if v is None else v
-
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), dpi=100)
     what = "threshold" if sweep.field == "threshold" else "for:"
-
-    def share(r: dict) -> float:
-        return 100 * r["caught_total"] / max(1, r["should_catch"])
-
-    panels = ((left, lambda r: nan(r["median"]), "median steps from the onset to the first fire"),
-              (right, share, "% of the incident runs caught"))  # fmt: skip
-    for ax, y, label in panels:
-        ax.plot([fa(r) for r in points], [y(r) for r in points], "o-", color="#1f77b4", label=f"each {what}")
-        for k, r in enumerate(points):  # labels above and below in turn: close points stay readable
-            ax.annotate(r["value"], (fa(r), y(r)), textcoords="offset points", xytext=(6, 8 if k % 2 else -12),
-                        fontsize=8)  # fmt: skip
-        ax.plot(
-            [fa(force)], [y(force)], "*", ms=16, color="#d62728", label=f"in force ({force['value'] or 'as written'})"
-        )
+    points = _points(rows)
+    line = [r for r, _ in points if r.get("role", "") in ("", "= in force")]
+    for ax, y, label in ((axes[0], _median, "median steps from the onset to the first fire"),
+                         (axes[1], _share, "% of the incident runs caught")):  # fmt: skip
+        ax.plot([_fa(r) for r in line], [y(r) for r in line], "-", color="#bbbbbb", zorder=1)
+        for r, style in points:
+            ax.plot([_fa(r)], [y(r)], linestyle="none", **style)
         ax.set_xlabel("false alarms per 100 run-hours (runs it should stay silent in)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    right = 0.8 - 0.12 * (len(labels) // 18)  # the legend's columns, beside the panels
+    fig.legend(handles, labels, title=what, loc="center left", bbox_to_anchor=(right + 0.005, 0.5), fontsize=8,
+               ncol=1 + len(labels) // 18)  # fmt: skip
     fig.suptitle(f"{sweep.alert}: what each {what} trades", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, right, 1))
+    return fig
+
+
+def plot(rows: list[dict], sweep: Sweep, path: Path) -> None:
+    """figure(), written to path as a PNG, atomically."""
+    fig = figure(rows, sweep)  # first: it sets matplotlib's backend before pyplot is imported
+    import matplotlib.pyplot as plt
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)

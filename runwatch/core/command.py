@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -53,6 +54,16 @@ def add_state_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--state-dir", type=Path, default=DEFAULT_STATE, help="the lab's state directory (default .runwatch)"
     )
+
+
+def state_flag(state: Path) -> str:
+    """` --state-dir DIR` for a command printed for the learner to run, "" for the default one:
+    a printed command works as printed, whichever state directory the lab runs in.
+
+        >>> f"stop with `runwatch down{state_flag(Path('/tmp/lab'))}`"
+        'stop with `runwatch down --state-dir /tmp/lab`'
+    """
+    return "" if Path(state) == DEFAULT_STATE else f" --state-dir {shlex.quote(str(state))}"
 
 
 def check_writable(path: Path, flag: str) -> None:

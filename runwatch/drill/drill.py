@@ -18,8 +18,9 @@ scoreboard.jsonl across drills.
 from __future__ import annotations
 
 import argparse
+import shlex
 
-from runwatch.core.command import Command, UsageError, add_state_dir, number, read_json
+from runwatch.core.command import Command, UsageError, add_state_dir, number, read_json, state_flag
 from runwatch.drill.record import Drill, now
 from runwatch.lab import supervise as lab_mod
 from runwatch.trainer.config import DIFFICULTIES, MAX_RANKS, SEED, STEP, onset_range
@@ -50,7 +51,9 @@ def drill(args: argparse.Namespace) -> int:
     healthy = "" if args.difficulty == "easy" else ", or nothing at all"
     print(f"drill {run_id} started ({args.difficulty}): something may go wrong between steps {first} and "
           f"{last}{healthy}.")  # fmt: skip
-    print("watch `runwatch pager --follow`; then `runwatch ack ALERT`, `runwatch diagnose INCIDENT`")
+    at = state_flag(args.state_dir)  # every command as printed works, in any state directory
+    print(f"watch `runwatch pager --follow --log {shlex.quote(str(d.lab.page_log))}`; then "
+          f"`runwatch ack{at} ALERT --comment \"what you know so far\"`, `runwatch diagnose{at} INCIDENT`")  # fmt: skip
     return 0
 
 

@@ -19,6 +19,7 @@ PID, after checking each PID still runs the command it was started with.
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from runwatch.core.paths import Layout
 from runwatch.lab.supervise import QUERY_TIMEOUT_S, Lab, add_ports, up
 from runwatch.lab.watched import check_watch, watch_targets
 from runwatch.prom.checks import evaluation_problems, run_all
+from runwatch.prom.edits import check_edit
 from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.trainer.config import MAX_RANKS, SEED, STEP
 
@@ -96,14 +98,17 @@ def status(args: argparse.Namespace) -> int:
 
 
 def reload(args: argparse.Namespace) -> int:
-    """Run every check `runwatch check` runs, then ask Prometheus and Alertmanager to reload, then
-    watch the new rules' first evaluations (promtool cannot see those): rules that fail when
-    evaluated, that do not finish in their group's interval, or that make groups miss
-    iterations are refused, and the rules in force before are put back."""
+    """Run every check `runwatch check` runs (its unit tests as `check --edit-of` the rules in
+    force runs them: those that pin what the edit changed are left out), then ask Prometheus
+    and Alertmanager to reload, then watch the new rules' first evaluations (promtool cannot see
+    those): rules that fail when evaluated, that do not finish in their group's interval, or
+    that make groups miss iterations are refused, and the rules in force before are put back."""
     lab = Lab(args.state_dir)
     meta = lab.state / "lab.json"
     lab.layout = Layout(Path(str(read_json(meta, "the lab's record").get("root")))) if meta.exists() else Layout()
-    for check, ok, lines in run_all(lab.layout):
+    in_force = lab.prometheus_dir / "rules"  # an edit of these: checked as runwatch.prom.edits says
+    unit_tests = functools.partial(check_edit, in_force=in_force) if in_force.is_dir() else None
+    for check, ok, lines in run_all(lab.layout, unit_tests):
         if not ok:
             names = " ".join(str(f) for f in check.files)
             print(f"runwatch reload: refused, {check.name} failed; the running lab keeps its old config:\n  {names}")

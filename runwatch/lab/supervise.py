@@ -48,7 +48,7 @@ from runwatch.core.bounded import (
     read_bytes,
     read_text,
 )
-from runwatch.core.command import DEFAULT_STATE, UsageError, config_error, read_json
+from runwatch.core.command import DEFAULT_STATE, UsageError, config_error, read_json, state_flag
 from runwatch.core.files import write_atomic
 from runwatch.core.names import LOOPBACK, PORTS
 from runwatch.core.paths import Layout
@@ -581,7 +581,8 @@ def up(args: argparse.Namespace) -> int:
     with lab.locked(wait=False):
         run_id = start_lab(lab, args)
     what = f"run {run_id}" if run_id else f"watching {', '.join(args.watch)}"
-    print(f"{what}: pages with `runwatch pager --follow --log {lab.page_log}`; stop with `runwatch down`")
+    print(f"{what}: pages with `runwatch pager --follow --log {lab.page_log}`; "
+          f"stop with `runwatch down{state_flag(args.state_dir)}`")  # fmt: skip
     if args.detach:
         return 0
     try:

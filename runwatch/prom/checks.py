@@ -11,7 +11,7 @@ the test expects and what the rules give; promtool's own output follows, whole.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,11 +139,15 @@ def run_check(check: Check, cwd: Path) -> tuple[bool, str]:
     return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
 
 
-def run_all(layout: Layout) -> Iterator[tuple[Check, bool | None, list[str]]]:
+def run_all(
+    layout: Layout, unit_tests: Callable[[Layout], tuple[bool, list[str]]] | None = None
+) -> Iterator[tuple[Check, bool | None, list[str]]]:
     """Each check in turn: (check, passed or None if skipped, the lines of its output worth reading).
 
     Blank lines, the missing-targets warnings and every line already shown by an earlier check
     (or earlier in this one) are left out; promtool's headings stay, so each error keeps its file.
+    `unit_tests`, when given, runs the unit tests instead: (passed, the lines to show). A
+    learner's edit is checked so (runwatch.prom.edits.check_edit).
     """
     shown: set[str] = set()
     rules_load = True
@@ -160,6 +164,9 @@ def run_all(layout: Layout) -> Iterator[tuple[Check, bool | None, list[str]]]:
             continue
         if check.name in ("promtool check config", TEST_RULES) and _unreadable(layout.rule_files()):
             yield check, None, ["skipped: the rules do not load (above)"]
+            continue
+        if check.name == TEST_RULES and unit_tests is not None:
+            yield check, *unit_tests(layout)
             continue
         if check.name == TEST_RULES:  # one file at a time: promtool 3 names no file in its output
             each = [(f, *run_check(_one_file(check, f), layout.root)) for f in check.files]

@@ -26,6 +26,7 @@ from runwatch.core.files import write_atomic
 from runwatch.core.names import FIRST_FIRED, FIRST_FIRED_RANKS
 from runwatch.core.paths import Layout
 from runwatch.prom.server import instant, query_range, quoted
+from runwatch.readouts import colours
 from runwatch.readouts import dashboard_queries as dq
 
 # Colours of the dotted marks where alerts first fired, in order of firing.
@@ -36,6 +37,9 @@ PANELS = {
     "grad": "Gradient norm",
     "throughput": "Throughput (tokens/s per GPU)",
     "readouts": "Readouts: step at which each alert first fired",
+    # Lesson 20's stability row (a mixed-precision run's; none in fp64)
+    "scale": "Loss scale",
+    "norm": "Activation norm",
 }
 
 
@@ -132,11 +136,10 @@ def draw(data: PlateData, out: Path) -> None:
         for legend, pts in data.series.get(key, {}).items():
             if pts:
                 xs, ys = zip(*pts, strict=True)
-                # the dashboards' threshold legends start "alert threshold"; dashed red, as in Grafana
-                dashed = legend.startswith("alert threshold")
-                style = styles.get(legend, {"linewidth": 0.8, "linestyle": "--" if dashed else "-"})
-                if dashed:
-                    style = {**style, "color": "tab:red"}
+                # each curve in the colour of its meaning, as the console and Grafana draw it
+                style = styles.get(legend, {"linewidth": 0.8, "linestyle": "--" if colours.dashed(legend) else "-"})
+                if colours.colour(legend):
+                    style = {**style, "color": colours.colour(legend)}
                 ax.plot(xs, ys, label=legend, **style)
         for lo, hi in data.incident:
             ax.axvspan(lo, hi + 1, color="red", alpha=0.12, label="incident" if key == "loss" else None)
