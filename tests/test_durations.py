@@ -75,8 +75,9 @@ def test_the_console_refuses_a_for_prometheus_would_refuse():
     with pytest.raises(EditError, match=r"^for: a duration such as 10s or 1m"):
         Edit.of(alert, {"expr": "x > 1", "for": "1s1s"})
     assert Edit.of(alert, {"expr": "x > 1", "for": "1d"}).hold == "1d"
+    # around the edited value, and the value in force (10s), which every sweep includes (issue 36)
     assert Edit.of(alert, {"expr": "x > 1", "for": "1d"}).sweep() == "A.for=" + ",".join(
-        f"{86400 + d}s" for d in sorted(FOR_STEPS_S)
+        f"{v}s" for v in sorted({86400 + d for d in FOR_STEPS_S} | {10})
     )
 
 

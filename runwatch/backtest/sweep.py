@@ -436,12 +436,12 @@ def _points(rows: list[dict]) -> list[tuple[dict, dict]]:
     for k, r in enumerate(swept):
         name = f"{r['value']}" + (" (= in force)" if r.get("role") == "= in force" else "")
         colour = plt.get_cmap("viridis")(k / max(1, len(swept) - 1))
-        style = {"marker": MARKERS[k % len(MARKERS)], "ms": 8, "color": colour, "alpha": 0.85, "zorder": 2}
+        style = {"marker": MARKERS[k % len(MARKERS)], "markersize": 8, "color": colour, "alpha": 0.85, "zorder": 2}
         out.append((r, style, name))
     for r in marked:
         force = r["role"] == "in force"
-        style = {"marker": "*" if force else "d", "ms": 16 if force else 12, "zorder": 3, "markeredgecolor": "white",
-                 "color": IN_FORCE_COLOUR if force else EDIT_COLOUR}  # fmt: skip
+        style = {"marker": "*" if force else "d", "markersize": 16 if force else 12, "zorder": 3,
+                 "markeredgecolor": "white", "color": IN_FORCE_COLOUR if force else EDIT_COLOUR}  # fmt: skip
         out.append((r, style, f"{'in force' if force else 'the edit'} ({r['value'] or 'as written'})"))
     labelled = []
     for r, style, name in out:

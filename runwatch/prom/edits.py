@@ -34,11 +34,11 @@ from pathlib import Path
 
 import yaml
 
+from runwatch.core.names import THRESHOLD
 from runwatch.core.paths import Layout
 from runwatch.prom.checks import test_failures
 from runwatch.prom.tools import binary, run_tool
 
-THRESHOLD = "alert:runwatch_threshold:ratio"  # alerts.yml: one recording per alert, labelled alertname
 # prometheus/tests/make_two_runs_test.py's: reported first when it fails, as it says most plainly
 # what is wrong with an edit (an alert that pages on healthy runs)
 TWO_RUNS = "two_runs.test.yml"
