@@ -198,6 +198,7 @@ def _test_report(cwd: Path, each: list[tuple[Path, bool, str]]) -> list[str]:
 # The evaluations of each rule group watched after a reload, in intervals of the slowest group:
 # its first ones must complete, each within its interval, and no group may miss an iteration.
 OBSERVED_INTERVALS = 3
+PACED_S = 5.0  # groups evaluated at most this far apart are waited for after a reload
 MISSED = "prometheus_rule_group_iterations_missed_total"
 
 
@@ -213,7 +214,8 @@ def _seconds(rfc3339: str) -> float:
 
 def evaluation_problems(prometheus: str, since: float) -> list[str]:
     """What Prometheus's own rule-group health says of the rules in force since `since` (a
-    reload), once OBSERVED_INTERVALS intervals of the slowest group have passed: each group
+    reload), once OBSERVED_INTERVALS intervals of the slowest group paced within PACED_S have
+    passed (a slower group is judged on what it has done by then): each group
     whose evaluations do not complete in time or that missed iterations, and each rule whose
     evaluation fails, one line each. Empty: the rules evaluate as they should.
 
@@ -245,13 +247,16 @@ def evaluation_problems(prometheus: str, since: float) -> list[str]:
         return found
 
     before = missed()
-    slowest = max((float(g.get("interval", 1)) for g in groups()), default=1.0)
+    # A group slower than the lab's pace (cluster.yml's 30 s peaks) is not waited for: its first
+    # evaluation may come half a minute after the reload. What it has done by then is judged.
+    paced = [float(g.get("interval", 1)) for g in groups() if float(g.get("interval", 1)) <= PACED_S]
+    slowest = max(paced, default=1.0)
     time.sleep(max(0.0, since + OBSERVED_INTERVALS * slowest + 0.5 - time.time()))
     after, now_missed = groups(), missed()
     problems = []
     for g in after:
         name, interval = g["name"], float(g.get("interval", 1))
-        if _seconds(g.get("lastEvaluation", "")) < since:
+        if _seconds(g.get("lastEvaluation", "")) < since and interval <= PACED_S:
             problems.append(f"group {name}: no evaluation completed within {OBSERVED_INTERVALS} intervals "
                             f"({OBSERVED_INTERVALS * slowest:g}s) of the reload")  # fmt: skip
         elif float(g.get("evaluationTime", 0)) > interval:
