@@ -1,0 +1,100 @@
+"""The simulated fleet (runwatch.cluster.fleet) and cluster.yml over it at a cluster's 5 s scrape:
+one Prometheus, and agents sharded by hashmod remote-writing to a receiver that evaluates the rules.
+
+Timing bounds come from the configuration: the scrape interval, the rules' windows and `for:`,
+the group's evaluation interval and the agents' batch_send_deadline."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from runwatch.cluster.fleet import Fleet, FleetConfig, FleetServer
+from runwatch.cluster.fleet_lab import BATCH_SEND_DEADLINE_S, FleetLab
+from tests.conftest import need, wait_for
+
+SCRAPE_S, EVAL_S, STEP_S = 5.0, 1.0, 1.0  # the fleet's scrape, cluster.yml's group interval, a lab second
+MEDIAN_WINDOW_S, MEDIAN_HISTORY_S = 30.0, 10.0  # rank:...:median30s: its window, the history it asks of a rank
+STRAGGLER_FOR_S, RANKDOWN_FOR_S = 5.0, 10.0  # cluster.yml's for:
+
+
+def served(fleet: Fleet, path: str) -> requests.Response:
+    server = FleetServer(fleet, 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        return requests.get(f"http://127.0.0.1:{server.server_address[1]}{path}", timeout=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.integration
+def test_a_node_serves_its_ranks_as_the_lab_names_them_and_promtool_accepts_it(tmp_path):
+    fleet = Fleet(FleetConfig(ranks=16, run_id="f"))
+    fleet.tick(time.time())
+    text = served(fleet, "/node/1/metrics").text
+    assert 'runwatch_rank_last_compute_seconds{run_id="f",rank="9",node="node1"}' in text
+    assert 'DCGM_FI_DEV_SM_CLOCK{gpu="1",UUID="GPU-' in text and 'Hostname="node1"}' in text
+    res = subprocess.run([need("promtool"), "check", "metrics"], input=text, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    fleet.fault("rank_down", rank=9)
+    fleet.fault("node_down", rank=0)
+    assert 'rank="9"' not in served(fleet, "/node/1/metrics").text and 'rank="10"' in text
+    assert served(fleet, "/node/0/metrics").status_code == 503
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "args, flag",
+    [(["--ranks", "100"], "--ranks"), (["--ranks", "0"], "--ranks"), (["--port", "70000"], "--port"),
+     (["--step-seconds", "0"], "--step-seconds")],
+)  # fmt: skip
+def test_bad_fleet_flags_are_one_line_errors(tmp_path, args, flag):
+    res = subprocess.run([sys.executable, "-m", "runwatch.cluster.fleet", *args], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr, res.stderr
+
+
+def firing(lab: FleetLab, name: str) -> list[tuple[str, str]]:
+    return sorted((a["rank"], a["node"]) for a in lab.firing() if a["alertname"] == name)
+
+
+@pytest.mark.slow  # a fleet and two or three Prometheus servers for about a minute
+@pytest.mark.integration
+@pytest.mark.parametrize("topology", ["single", "sharded"])
+def test_a_straggler_and_a_rank_gone_page_naming_their_ranks_at_a_5s_scrape(tmp_path, topology):
+    """256 ranks as 32 node targets, scraped every 5 s. A straggler (1/0.7 of the step) and a
+    rank whose process ended, both on nodes the second agent scrapes in the sharded topology:
+    StragglerRank and RankDown fire where the rules are evaluated, each naming its rank and node,
+    and no other rank."""
+    with FleetLab(tmp_path, need("prometheus"), ranks=256, scrape_s=SCRAPE_S, eval_s=EVAL_S, topology=topology,
+                  shards=2) as lab:  # fmt: skip
+        # Prometheus's discovery manager hands targets on at most every 5 s
+        nodes = ["node3", "node5"] if topology == "single" else wait_for(lambda: lab.nodes_of_shard(1), 2 * 5.0,
+                                                                         "the second agent's targets")  # fmt: skip
+        slow, gone = int(nodes[0].removeprefix("node")) * 8 + 3, int(nodes[1].removeprefix("node")) * 8 + 6
+        # every rank has its median: the rules have seen its history (a sample 10 s old at least)
+        wait_for(lambda: count(lab, "rank:runwatch_rank_last_compute_seconds:median30s") == 256,
+                 MEDIAN_HISTORY_S + 3 * SCRAPE_S + 30, "every rank's median")  # fmt: skip
+        lab.fault("straggler", rank=slow, slowdown=1 / 0.7)
+        lab.fault("rank_down", rank=gone)
+        # the first slow or missing sample within a step and a scrape (and, sharded, a batch of
+        # the agent's remote write); the median turns once more than half its window is slow
+        seen = STEP_S + SCRAPE_S + BATCH_SEND_DEADLINE_S
+        bound = seen + MEDIAN_WINDOW_S / 2 + SCRAPE_S + STRAGGLER_FOR_S + 2 * EVAL_S
+        wait_for(lambda: firing(lab, "StragglerRank") and firing(lab, "RankDown"), bound, "both alerts")
+        assert firing(lab, "StragglerRank") == [(str(slow), f"node{slow // 8}")]
+        assert firing(lab, "RankDown") == [(str(gone), f"node{gone // 8}")]
+        assert {a["alertname"] for a in lab.firing()} <= {"StragglerRank", "RankDown"}, lab.firing()
+
+
+def count(lab: FleetLab, expr: str) -> int:
+    r = requests.get(f"{lab.rules_url}/api/v1/query", params={"query": f"count({expr})"}, timeout=10).json()
+    return int(float(r["data"]["result"][0]["value"][1])) if r["data"]["result"] else 0
