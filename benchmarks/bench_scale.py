@@ -91,6 +91,8 @@ class Sampler:
                         row["missed"][group] = s.value
                     elif s.name == "prometheus_tsdb_head_samples_appended_total":
                         row["appended"] += s.value
+            groups = requests.get(f"{self.lab.rules_url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+            row["rules"] = {r["name"]: r["evaluationTime"] for g in groups for r in g["rules"]}
             row["rss"] = {n: p.memory_info().rss for n, p in self.procs.items()}
             row["cpu"] = {n: p.cpu_percent() / 100 for n, p in self.procs.items()}
             self.rows.append(row)
@@ -187,6 +189,7 @@ def summarise(rows: list[dict], healthy_from: float, healthy_to: float) -> dict:
         "groups": {g: {"median_ms": 1000 * statistics.median(r["groups"][g] for r in rows if g in r["groups"]),
                        "max_ms": 1000 * max(r["groups"][g] for r in rows if g in r["groups"]),
                        "missed": rows[-1]["missed"].get(g, 0) - rows[0]["missed"].get(g, 0)} for g in groups},
+        "rules_ms": {n: 1000 * statistics.median(r["rules"][n] for r in rows) for n in rows[-1]["rules"]},
         "samples_per_s": (rows[-1]["appended"] - rows[0]["appended"]) / span,
         "rss_mib": {s: max(r["rss"][s] for r in rows) / 2**20 for s in servers},
         "cpu_cores": {s: statistics.fmean(r["cpu"][s] for r in rows[1:]) for s in servers},
@@ -220,7 +223,7 @@ def one_n(args: argparse.Namespace, ranks: int, state: Path) -> dict:
         sampler = Sampler(lab)
         thread = threading.Thread(target=sampler.run, daemon=True)
         thread.start()
-        # the peaks group evaluates every 30 s: its first record within one interval, and a scrape
+        # runwatch-cluster-10m evaluates every 30 s: its first record within one interval, and a scrape
         history(lab, ranks, 120 + 2 * args.scrape)
         print(f"{ranks} ranks ({args.topology}): history in; healthy for {args.healthy:g} s", flush=True)
         healthy_from = time.time()
@@ -250,6 +253,8 @@ def table(r: dict, scrape_s: float, eval_s: float) -> str:
               "| rule group | median ms | max ms | missed |", "|---|---|---|---|"]  # fmt: skip
     for g, v in r["groups"].items():
         lines.append(f"| {g} | {v['median_ms']:.0f} | {v['max_ms']:.0f} | {v['missed']:g} |")
+    slowest = sorted(r["rules_ms"].items(), key=lambda kv: -kv[1])[:5]
+    lines += ["", "Slowest rules (median ms): " + ", ".join(f"{n} {ms:.0f}" for n, ms in slowest)]
     lines += ["", "| server | peak RSS MiB | mean CPU cores |", "|---|---|---|"]
     for s in r["rss_mib"]:
         lines.append(f"| {s} | {r['rss_mib'][s]:.0f} | {r['cpu_cores'][s]:.2f} |")

@@ -247,7 +247,7 @@ def evaluation_problems(prometheus: str, since: float) -> list[str]:
         return found
 
     before = missed()
-    # A group slower than the lab's pace (cluster.yml's 30 s peaks) is not waited for: its first
+    # A group slower than the lab's pace (cluster.yml's 30 s runwatch-cluster-10m) is not waited for: its first
     # evaluation may come half a minute after the reload. What it has done by then is judged.
     paced = [float(g.get("interval", 1)) for g in groups() if float(g.get("interval", 1)) <= PACED_S]
     slowest = max(paced, default=1.0)
