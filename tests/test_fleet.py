@@ -21,6 +21,7 @@ from tests.conftest import need, wait_for
 SCRAPE_S, EVAL_S, STEP_S = 5.0, 1.0, 1.0  # the fleet's scrape, cluster.yml's group interval, a lab second
 MEDIAN_WINDOW_S, MEDIAN_HISTORY_S = 30.0, 10.0  # rank:...:median30s: its window, the history it asks of a rank
 STRAGGLER_FOR_S, RANKDOWN_FOR_S = 5.0, 10.0  # cluster.yml's for:
+TEN_MINUTE_GROUP_S = 30.0  # runwatch-cluster-10m's interval
 
 
 def served(fleet: Fleet, path: str) -> requests.Response:
@@ -83,12 +84,16 @@ def test_a_straggler_and_a_rank_gone_page_naming_their_ranks_at_a_5s_scrape(tmp_
         # every rank has its median: the rules have seen its history (a sample 10 s old at least)
         wait_for(lambda: count(lab, "rank:runwatch_rank_last_compute_seconds:median30s") == 256,
                  MEDIAN_HISTORY_S + 3 * SCRAPE_S + 30, "every rank's median")  # fmt: skip
+        # and RankDown knows every rank: runwatch-cluster-10m has recorded it once
+        wait_for(lambda: count(lab, "rank:runwatch_rank_step:present10m") == 256, TEN_MINUTE_GROUP_S + SCRAPE_S,
+                 "the ranks of the last 10 minutes")  # fmt: skip
         lab.fault("straggler", rank=slow, slowdown=1 / 0.7)
         lab.fault("rank_down", rank=gone)
         # the first slow or missing sample within a step and a scrape (and, sharded, a batch of
         # the agent's remote write); the median turns once more than half its window is slow
         seen = STEP_S + SCRAPE_S + BATCH_SEND_DEADLINE_S
-        bound = seen + MEDIAN_WINDOW_S / 2 + SCRAPE_S + STRAGGLER_FOR_S + 2 * EVAL_S
+        straggler = seen + MEDIAN_WINDOW_S / 2 + SCRAPE_S + STRAGGLER_FOR_S + 2 * EVAL_S
+        bound = max(straggler, seen + RANKDOWN_FOR_S + 2 * EVAL_S)
         wait_for(lambda: firing(lab, "StragglerRank") and firing(lab, "RankDown"), bound, "both alerts")
         assert firing(lab, "StragglerRank") == [(str(slow), f"node{slow // 8}")]
         assert firing(lab, "RankDown") == [(str(gone), f"node{gone // 8}")]
