@@ -132,7 +132,7 @@ def wait_until(pred, timeout: float, what: str):
 
 def history(lab: FleetLab, ranks: int, timeout: float) -> None:
     """Until every rank has its median and every GPU its recorded 10-minute peak."""
-    for rule in ("rank:runwatch_rank_last_compute_seconds:median30s", "gpu:DCGM_FI_DEV_SM_CLOCK:max10m"):
+    for rule in ("rank:runwatch_rank_last_compute_seconds:median30s", "gpu:dcgm_fi_dev_sm_clock:max10m"):
 
         def full(rule=rule) -> bool:
             got = query(lab, f"count({rule})")
