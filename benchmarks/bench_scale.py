@@ -59,9 +59,10 @@ def expected_labels(kind: str, rank: int) -> dict[str, str]:
 
 
 def floor_s(kind: str, scrape_s: float, eval_s: float) -> float:
-    """The least time a page can take: seen one scrape after the onset, `for:` and an evaluation
-    later it fires (group_wait is 0 s for pages, 5 s for warnings). StragglerRank's median turns
-    once more than half its 30 s window is slow, TrainingStalled once the last step is 10 s old."""
+    """The issue's floor at its worst: a fault is seen up to one scrape after its onset, fires
+    `for:` and up to one evaluation later, and waits group_wait (0 s for pages, 5 s for warnings).
+    StragglerRank's median turns once more than half its 30 s window is slow, TrainingStalled once
+    the last step is 10 s old. Delivery to the pager is not in it."""
     alert, _, for_s = FAULTS[kind]
     extra = {"StragglerRank": 15.0, "TrainingStalled": 10.0}.get(alert, 0.0)
     wait = 5.0 if alert in ("GPUThermalThrottle", "JobRestarted") else 0.0
@@ -244,7 +245,7 @@ def one_n(args: argparse.Namespace, ranks: int, state: Path) -> dict:
 
 def table(r: dict, scrape_s: float, eval_s: float) -> str:
     lines = [f"### {r['ranks']} ranks, {r['topology']}, scrape {scrape_s:g} s, runwatch-cluster every {eval_s:g} s",
-             "", "| fault | alert | p50 s | p95 s | n | floor s |", "|---|---|---|---|---|---|"]  # fmt: skip
+             "", "| fault | alert | p50 s | p95 s | n | bound s |", "|---|---|---|---|---|---|"]  # fmt: skip
     for kind, xs in r["latency_s"].items():
         lines.append(f"| {kind} | {FAULTS[kind][0]} | {percentile(xs, 50):.1f} | {percentile(xs, 95):.1f} | {len(xs)} "
                      f"| {floor_s(kind, scrape_s, eval_s):.0f} |")  # fmt: skip
