@@ -151,14 +151,15 @@ def page_for(log: Path, alert: str, labels: dict[str, str], after: float) -> flo
     return None
 
 
-def faults(lab: FleetLab, log: Path, kinds: list[str], repeats: int, rng: random.Random, timeout: float) -> dict:
-    """Each fault `repeats` times on a random rank (a new one each time): seconds from onset to page."""
+def faults(lab: FleetLab, log: Path, args: argparse.Namespace, rng: random.Random) -> dict:
+    """Each fault `--repeats` times on a random rank (a new one each time): seconds from onset to page."""
+    kinds, repeats, timeout = args.faults, args.repeats, args.fault_timeout
     out: dict[str, list[float]] = {k: [] for k in kinds}
     for kind in kinds:
         alert = FAULTS[kind][0]
         for _ in range(1 if kind == "restart" else repeats):  # JobRestarted fires on for 5 minutes
             rank = rng.randrange(lab.ranks)
-            onset = lab.fault(kind, rank)
+            onset = lab.fault(kind, rank, **({"slowdown": args.slowdown} if kind == "straggler" else {}))
             named = expected_labels(kind, rank)
             at = wait_until(lambda a=alert, n=named, o=onset: page_for(log, a, n, o), timeout,
                             f"{alert} for {kind} on rank {rank}")  # fmt: skip
@@ -232,12 +233,13 @@ def one_n(args: argparse.Namespace, ranks: int, state: Path) -> dict:
         healthy_to = time.time()
         false_pages = [p for p in read_pages(log) if p["status"] == "firing"
                        and healthy_from <= (received_time(p) or 0) <= healthy_to]  # fmt: skip
-        latencies = faults(lab, log, args.faults, args.repeats, rng, args.fault_timeout)
+        latencies = faults(lab, log, args, rng)
         pages = [p for p in read_pages(log) if p["status"] == "firing" and (received_time(p) or 0) > healthy_to]
         sampler.stop.set()
         thread.join()
     costs = summarise(sampler.rows, healthy_from, healthy_to)
     return {"ranks": ranks, "topology": args.topology, "scrape_s": args.scrape, "eval_s": args.eval,
+            "slowdown": args.slowdown,
             "latency_s": latencies,
             "false_pages": len(false_pages), "false_page_alerts": sorted({p["alert"] for p in false_pages}),
             "pages_after_healthy": len(pages), **costs}  # fmt: skip
@@ -247,7 +249,8 @@ def table(r: dict, scrape_s: float, eval_s: float) -> str:
     lines = [f"### {r['ranks']} ranks, {r['topology']}, scrape {scrape_s:g} s, runwatch-cluster every {eval_s:g} s",
              "", "| fault | alert | p50 s | p95 s | n | bound s |", "|---|---|---|---|---|---|"]  # fmt: skip
     for kind, xs in r["latency_s"].items():
-        lines.append(f"| {kind} | {FAULTS[kind][0]} | {percentile(xs, 50):.1f} | {percentile(xs, 95):.1f} | {len(xs)} "
+        name = f"straggler x{r['slowdown']:.2f}" if kind == "straggler" else kind
+        lines.append(f"| {name} | {FAULTS[kind][0]} | {percentile(xs, 50):.1f} | {percentile(xs, 95):.1f} | {len(xs)} "
                      f"| {floor_s(kind, scrape_s, eval_s):.0f} |")  # fmt: skip
     lines += ["", f"False pages over {r['healthy_s']:.0f} s healthy: {r['false_pages']} "
               f"{r['false_page_alerts'] or ''}", f"Samples appended: {r['samples_per_s']:.0f}/s", "",
@@ -293,6 +296,12 @@ def parse() -> argparse.Namespace:
     )
     p.add_argument("--healthy", type=float, default=120.0, help="seconds of healthy fleet before the faults")
     p.add_argument("--repeats", type=int, default=3, help="times each fault (restart: once; it fires 5 min)")
+    p.add_argument(
+        "--slowdown",
+        type=float,
+        default=1 / 0.7,
+        help="a straggler's step time over its own healthy one (default 1/0.7, the lab's)",
+    )
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
     p.add_argument("--fault-timeout", type=float, default=120.0, help="seconds to wait for a fault's page")
     p.add_argument("--out", type=Path, help="write the results as JSON here too")
