@@ -16,6 +16,8 @@ import requests
 
 from runwatch.cluster.fleet import Fleet, FleetConfig, FleetServer
 from runwatch.cluster.fleet_lab import BATCH_SEND_DEADLINE_S, FleetLab
+from runwatch.prom.checks import OBSERVED_INTERVALS, evaluation_problems
+from runwatch.prom.server import Process, free_port, prometheus_argv
 from tests.conftest import need, wait_for
 
 SCRAPE_S, EVAL_S, STEP_S = 5.0, 1.0, 1.0  # the fleet's scrape, cluster.yml's group interval, a lab second
@@ -103,3 +105,22 @@ def test_a_straggler_and_a_rank_gone_page_naming_their_ranks_at_a_5s_scrape(tmp_
 def count(lab: FleetLab, expr: str) -> int:
     r = requests.get(f"{lab.rules_url}/api/v1/query", params={"query": f"count({expr})"}, timeout=10).json()
     return int(float(r["data"]["result"][0]["value"][1])) if r["data"]["result"] else 0
+
+
+@pytest.mark.integration
+def test_reload_s_check_waits_for_the_paced_groups_not_for_a_30s_one(tmp_path):
+    """runwatch-cluster-10m evaluates every 30 s: `runwatch reload` judges it on what it has done
+    by the time three intervals of the 1 s groups have passed, rather than wait 90 s for it."""
+    (tmp_path / "rules.yml").write_text(
+        "groups:\n"
+        "  - {name: fast, interval: 1s, rules: [{record: job:up:sum, expr: sum(up)}]}\n"
+        "  - {name: slow, interval: 30s, rules: [{record: job:up:max, expr: max(up)}]}\n"
+    )
+    (tmp_path / "prometheus.yml").write_text(f"rule_files: [{tmp_path / 'rules.yml'}]\n")
+    port = free_port()
+    argv = prometheus_argv(need("prometheus"), tmp_path / "prometheus.yml", tmp_path / "data", port)
+    with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / "prometheus.log"):
+        since = time.time()
+        assert evaluation_problems(f"http://127.0.0.1:{port}", since) == []
+        # its own wait, three 1 s intervals and half a second, and its few HTTP reads
+        assert time.time() - since < OBSERVED_INTERVALS * 1.0 + 0.5 + 5.0
