@@ -75,28 +75,35 @@ class Sampler:
 
     def __init__(self, lab: FleetLab, every: float = 5.0):
         self.lab, self.every, self.rows, self.stop = lab, every, [], threading.Event()
+        self.errors: list[str] = []
         self.procs = {n: psutil.Process(s.proc.pid) for n, s in lab.servers.items()}
         for p in self.procs.values():
             p.cpu_percent()
 
     def run(self) -> None:
         while not self.stop.wait(self.every):
-            text = requests.get(f"{self.lab.rules_url}/metrics", timeout=10).text
-            row = {"t": time.time(), "groups": {}, "missed": {}, "appended": 0.0}
-            for fam in text_string_to_metric_families(text):
-                for s in fam.samples:
-                    group = s.labels.get("rule_group", "").rsplit(";", 1)[-1]
-                    if s.name == "prometheus_rule_group_last_duration_seconds":
-                        row["groups"][group] = s.value
-                    elif s.name == "prometheus_rule_group_iterations_missed_total":
-                        row["missed"][group] = s.value
-                    elif s.name == "prometheus_tsdb_head_samples_appended_total":
-                        row["appended"] += s.value
-            groups = requests.get(f"{self.lab.rules_url}/api/v1/rules", timeout=10).json()["data"]["groups"]
-            row["rules"] = {r["name"]: r["evaluationTime"] for g in groups for r in g["rules"]}
-            row["rss"] = {n: p.memory_info().rss for n, p in self.procs.items()}
-            row["cpu"] = {n: p.cpu_percent() / 100 for n, p in self.procs.items()}
-            self.rows.append(row)
+            try:
+                self.rows.append(self.sample())
+            except (requests.RequestException, ValueError) as e:  # a busy server's odd answer: one sample lost
+                self.errors.append(f"{time.strftime('%H:%M:%S')} {type(e).__name__}: {e}")
+
+    def sample(self) -> dict:
+        text = requests.get(f"{self.lab.rules_url}/metrics", timeout=10).text
+        row = {"t": time.time(), "groups": {}, "missed": {}, "appended": 0.0}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                group = s.labels.get("rule_group", "").rsplit(";", 1)[-1]
+                if s.name == "prometheus_rule_group_last_duration_seconds":
+                    row["groups"][group] = s.value
+                elif s.name == "prometheus_rule_group_iterations_missed_total":
+                    row["missed"][group] = s.value
+                elif s.name == "prometheus_tsdb_head_samples_appended_total":
+                    row["appended"] += s.value
+        groups = requests.get(f"{self.lab.rules_url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        row["rules"] = {r["name"]: r["evaluationTime"] for g in groups for r in g["rules"]}
+        row["rss"] = {n: p.memory_info().rss for n, p in self.procs.items()}
+        row["cpu"] = {n: p.cpu_percent() / 100 for n, p in self.procs.items()}
+        return row
 
 
 def start_pager(stack: ExitStack, state: Path) -> tuple[str, Path]:
@@ -161,8 +168,14 @@ def faults(lab: FleetLab, log: Path, args: argparse.Namespace, rng: random.Rando
             rank = rng.randrange(lab.ranks)
             onset = lab.fault(kind, rank, **({"slowdown": args.slowdown} if kind == "straggler" else {}))
             named = expected_labels(kind, rank)
-            at = wait_until(lambda a=alert, n=named, o=onset: page_for(log, a, n, o), timeout,
-                            f"{alert} for {kind} on rank {rank}")  # fmt: skip
+            try:
+                at = wait_until(lambda a=alert, n=named, o=onset: page_for(log, a, n, o), timeout,
+                                f"{alert} for {kind} on rank {rank}")  # fmt: skip
+            except SystemExit:  # no page: counted as a miss, and the next fault is still measured
+                out.setdefault(f"{kind} missed", []).append(timeout)
+                print(f"  {kind:9} rank {rank:5}: no {alert} page within {timeout:g} s", flush=True)
+                lab.fault("heal")
+                continue
             out[kind].append(at - onset)
             print(f"  {kind:9} rank {rank:5}: {alert} paged after {at - onset:5.1f} s", flush=True)
             if kind in ("hang", "rank_down"):  # the run steps again before the next one
@@ -237,6 +250,8 @@ def one_n(args: argparse.Namespace, ranks: int, state: Path) -> dict:
         pages = [p for p in read_pages(log) if p["status"] == "firing" and (received_time(p) or 0) > healthy_to]
         sampler.stop.set()
         thread.join()
+        for line in sampler.errors:
+            print(f"  sampler: {line}", flush=True)
     costs = summarise(sampler.rows, healthy_from, healthy_to)
     return {"ranks": ranks, "topology": args.topology, "scrape_s": args.scrape, "eval_s": args.eval,
             "slowdown": args.slowdown,
@@ -249,6 +264,9 @@ def table(r: dict, scrape_s: float, eval_s: float) -> str:
     lines = [f"### {r['ranks']} ranks, {r['topology']}, scrape {scrape_s:g} s, runwatch-cluster every {eval_s:g} s",
              "", "| fault | alert | p50 s | p95 s | n | bound s |", "|---|---|---|---|---|---|"]  # fmt: skip
     for kind, xs in r["latency_s"].items():
+        if kind.endswith(" missed"):
+            lines.append(f"| {kind} | no page within {xs[0]:g} s | | | {len(xs)} | |")
+            continue
         name = f"straggler x{r['slowdown']:.2f}" if kind == "straggler" else kind
         lines.append(f"| {name} | {FAULTS[kind][0]} | {percentile(xs, 50):.1f} | {percentile(xs, 95):.1f} | {len(xs)} "
                      f"| {floor_s(kind, scrape_s, eval_s):.0f} |")  # fmt: skip
