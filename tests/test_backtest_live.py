@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from runwatch.backtest import backtest as bt
@@ -64,6 +65,10 @@ def live_first_fires(prom: str) -> dict[str, dict[str, int]]:
     for s in instant(prom, "run_alert:runwatch_train_step:first_fired"):
         found.setdefault(s["metric"]["run_id"], {})[s["metric"]["alertname"]] = int(float(s["value"][1]))
     return found
+
+
+def rule_groups(prom: str) -> list[dict]:
+    return requests.get(f"{prom}/api/v1/rules", timeout=10).json()["data"]["groups"]
 
 
 def step_of(prom: str, run_id: str) -> int:
@@ -135,6 +140,12 @@ def compare(root: Path, state: Path, cfg: TrainConfig, fast_forward: int, horizo
             lambda: min(map(lambda r: step_of(prom, r), both)) >= 0,
             trainer_down_for(rules) + 2 * scrape,
             "both runs scraped",
+        )
+        intervals = [float(g["interval"]) for g in rule_groups(prom)]
+        wait_for(
+            lambda: not any(g["lastEvaluation"].startswith("0001-") for g in rule_groups(prom)),
+            max(intervals) + 2 * scrape,
+            "every rule group's first evaluation (the slowest's comes within its interval)",
         )
         schedules = {
             run_id: bt.Schedule.of_lab(prom, lab.ports["trainer"]),

@@ -178,8 +178,9 @@ class Schedule:
         scrape = [t for t in targets if t["scrapeUrl"].split("/")[2].endswith(f":{port}") and t["health"] == "up"]
         if not scrape:
             raise UsageError(f"--lab: {base} scrapes no target on port {port}: start the lab first")
-        if any(g["lastEvaluation"].startswith("0001-") for g in groups):  # Go's zero time: not evaluated yet
-            raise UsageError(f"--lab: {base} has not evaluated every rule group yet: try again in a second")
+        waiting = [float(g.get("interval", 1)) for g in groups if g["lastEvaluation"].startswith("0001-")]
+        if waiting:  # Go's zero time: not evaluated yet (cluster.yml's 30 s group, up to 30 s after the start)
+            raise UsageError(f"--lab: {base} has not evaluated every rule group yet: try again in {max(waiting):g}s")
         started = _phase(scrape[0]["lastScrape"])
         seen = started + float(scrape[0]["lastScrapeDuration"])
         after = {g["name"]: (_phase(g["lastEvaluation"]) - seen) % 1.0 for g in groups}
