@@ -107,9 +107,11 @@ class Sources:
         if self.state_dir is None:
             return None
         try:
-            return str(json.loads((self.state_dir / "lab.json").read_text())["run_id"])
+            run_id = json.loads((self.state_dir / "lab.json").read_text())["run_id"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        # `up --watch` runs no trainer of its own (run_id null): the newest run is shown
+        return run_id if isinstance(run_id, str) and run_id else None
 
     def run_info(self, run_id: str) -> dict[str, Any]:
         """A run's start and end (Unix seconds; end None while it runs) and whether it is a drill."""
