@@ -41,7 +41,10 @@ JOBS = {  # name: (ranks, the example's flags)
     "killed": (1, ["--seconds", "600"]),
     "spikes": (1, ["--seconds", "100", "--spike-at", "40,80"]),
     "throughput": (1, ["--seconds", "230", "--swings", "--slow-at", str(SLOW_AT)]),
-    "straggler": (2, ["--seconds", "120", "--step-ms", "20", "--straggler", "1"]),
+    # rank 1 is late to every step by 80 ms (a slow loader) before a 20 ms device step: it makes
+    # rank 0 wait in the buffer broadcast. Its score is (20 + c) / (100 + c), c each step's CPU
+    # work, which a loaded 2-core host makes tens of ms: below StragglerRank's 0.75 for c < 220 ms.
+    "straggler": (2, ["--seconds", "120", "--step-ms", "20", "--straggler", "1", "--straggler-ms", "80"]),
     "healthy": (2, ["--seconds", str(HEALTHY_S + 40), "--step-ms", "20"]),
 }
 
@@ -172,7 +175,11 @@ def test_ddp_defaults_with_batchnorm_page_straggler_rank_naming_the_late_rank(jo
     lab, started = jobs
     job = started["straggler"]
     due = live(lab, job) + 30 + pipeline_s("StragglerRank")  # its median's 30 s window, full of late steps
-    got = wait_for(lambda: pages(lab, job, "StragglerRank"), max(due - time.monotonic(), 1), "StragglerRank")
+    while not (got := pages(lab, job, "StragglerRank")) and time.monotonic() < due:
+        time.sleep(0.5)
+    medians = f'rank:runwatch_rank_last_compute_seconds:median30s{{run_id="{job.run_id}"}}'
+    found = {s["metric"]["rank"]: s["value"][1] for s in instant(lab.url("prometheus"), medians)}
+    assert got, f"no StragglerRank by its due time; each rank's median compute seconds: {found}"
     assert got[0]["labels"]["rank"] == "1", got[0]
     assert {p["labels"]["rank"] for p in pages(lab, job, "StragglerRank")} == {"1"}
     assert job.proc.wait(timeout=180) == 0, job.log.read_text()[-2000:]  # no abort at the exit
