@@ -183,6 +183,11 @@ def test_ddp_defaults_with_batchnorm_page_straggler_rank_naming_the_late_rank(jo
     assert got[0]["labels"]["rank"] == "1", got[0]
     assert {p["labels"]["rank"] for p in pages(lab, job, "StragglerRank")} == {"1"}
     assert job.proc.wait(timeout=180) == 0, job.log.read_text()[-2000:]  # no abort at the exit
+    # both ranks finished: neither address pages TrainerDown (rank 1 serves no end of its own)
+    time.sleep(pipeline_s("TrainerDown") + 2)
+    for address in job.addresses():
+        down = instant(lab.url("prometheus"), f'ALERTS{{alertname="TrainerDown",instance="{address}"}}')
+        assert down == [], down
 
 
 def test_a_healthy_ddp_job_with_batchnorm_stays_silent_for_five_minutes(jobs):
