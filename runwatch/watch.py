@@ -92,12 +92,15 @@ MAX_WHOLE = 2**53  # the largest whole number a float64 sample holds exactly: a 
 
 def _whole(name: str, value: object, low: int = 0) -> int:
     """An int argument (an int, a numpy or 0-d tensor integer), in [low, 2**53], or a WatchError."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        number = operator.index(value)
-    except TypeError:
-        raise WatchError(f"{name}: must be a whole number, got {value!r:.80}") from None
+    if type(value) is int:  # the common case first: this runs three times a step
+        number = value
+    else:
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            number = operator.index(value)
+        except TypeError:
+            raise WatchError(f"{name}: must be a whole number, got {value!r:.80}") from None
     if not low <= number <= MAX_WHOLE:
         raise WatchError(f"{name}: must be in [{low}, 2**53], got {number}")
     return number
@@ -105,6 +108,8 @@ def _whole(name: str, value: object, low: int = 0) -> int:
 
 def _real(name: str, value: object) -> float:
     """A float argument (a float, an int, a 0-d tensor), or a WatchError naming the argument."""
+    if type(value) is float:
+        return value
     if isinstance(value, str | bytes) or value is None:
         raise WatchError(f"{name}: must be a number, got {value!r:.80}")
     try:
