@@ -115,9 +115,11 @@ class Sources:
         if self.state_dir is None:
             return None
         try:
-            return str(load_json_object(self.state_dir / "lab.json", "the lab's record")["run_id"])
-        except (OSError, ValueError, KeyError, TypeError):
+            run_id = load_json_object(self.state_dir / "lab.json", "the lab's record")["run_id"]
+        except (OSError, ValueError, KeyError, TypeError):  # BoundedReadError is a ValueError
             return None
+        # `up --watch` runs no trainer of its own (run_id null): the newest run is shown
+        return run_id if isinstance(run_id, str) and run_id else None
 
     def run_info(self, run_id: str) -> dict[str, Any]:
         """A run's start and end (Unix seconds; end None while it runs) and whether it is a drill."""

@@ -38,24 +38,25 @@ def step_lookup(*selectors: str, alert: str = "") -> str:
     return query + '{{ . | first | value | printf "%.0f" }}{{ end }}'
 
 
-# The step an alert fired at: its first-fire record (alerts.yml's for the model alerts,
-# cluster.yml's for the cluster's), the very number the readouts show. The record is written
-# last in its group, so at the evaluation the alert first fires it does not hold it yet: then
-# the run's step now, which is what the record reads at that same evaluation. A stalled
-# cluster run serves no training step while its ranks wait, so the ranks' furthest step comes
-# next. Every page of an alert, however late Alertmanager sends it, states this one step.
-# (A template's $labels holds no alertname: the alert's name is written into its lookup.)
-FIRST_FIRED = (
-    "run_alert:runwatch_train_step:first_fired{run_id=%q,alertname=%q}",
-    "run_alert:runwatch_rank_step:first_fired{run_id=%q,alertname=%q}",
+# The step an alert's firing episode began at: its episode record (alerts.yml's for the model
+# alerts, cluster.yml's for the cluster's), carried while the alert fires and gone once it
+# resolves, so that a repeat page or a later episode quotes its own step, never the first
+# episode's. The record is written last in its group, so at the evaluation an episode begins
+# it does not hold it yet: then the run's step now, which is what the record reads at that same
+# evaluation. A stalled cluster run serves no training step while its ranks wait, so the ranks'
+# furthest step comes next. (A template's $labels holds no alertname: the alert's name is
+# written into its lookup.)
+EPISODE_FIRED = (
+    "run_alert:runwatch_train_step:episode_fired{run_id=%q,alertname=%q}",
+    "run_alert:runwatch_rank_step:episode_fired{run_id=%q,alertname=%q}",
 )
 NOW = {"": ("max(runwatch_train_step{run_id=%q})", "max(runwatch_rank_step{run_id=%q})"),
        "TrainingStalled": ("max(runwatch_rank_step{run_id=%q})",)}  # fmt: skip
 
 
 def step_of(alert: str) -> str:
-    """The step lookup of one alert: its first-fire record, else the run's step now."""
-    return step_lookup(*FIRST_FIRED, *NOW.get(alert, NOW[""]), alert=alert)
+    """The step lookup of one alert: its episode record, else the run's step now."""
+    return step_lookup(*EPISODE_FIRED, *NOW.get(alert, NOW[""]), alert=alert)
 
 
 _ALERT = re.compile(r"^\s*- alert:\s*(?P<name>\S+)\s*$")

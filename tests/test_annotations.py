@@ -102,12 +102,13 @@ def test_every_step_annotation_and_described_step_is_its_alerts_lookup(module):
             assert f"At step {lookup}" in ann["description"], rule["alert"]
 
 
-def test_every_alert_of_a_run_states_a_step_read_from_its_first_fire_record():
-    """Item 3 of issue 27: a page's step is the step its alert fired at, for the cluster's alerts too."""
+def test_every_alert_of_a_run_states_a_step_read_from_its_episode_record():
+    """Item 3 of issue 27: a page's step is the step its alert fired at, for the cluster's alerts
+    too; and (issue 37, item 4) the step its own episode began at, not the run's first."""
     for rule in alerts_of(RULES):
         if "run_id" not in yaml.safe_dump(rule["annotations"]) or rule["alert"] in ("TrainerDown",):
             continue
-        assert "first_fired{run_id=%q,alertname=%q}" in rule["annotations"].get("step", ""), rule["alert"]
+        assert "episode_fired{run_id=%q,alertname=%q}" in rule["annotations"].get("step", ""), rule["alert"]
 
 
 @pytest.mark.integration

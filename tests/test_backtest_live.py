@@ -157,7 +157,7 @@ def compare(root: Path, state: Path, cfg: TrainConfig, fast_forward: int, horizo
         # the lab clock from the first live step to the horizon, plus the scrapes the trainer times
         # first, the phase it waits for after them (under a second), and a scrape's timeout
         end = ends(cfg)
-        bound = end[horizon + margin] - end[fast_forward - 1] + PHASE_SCRAPES * scrape + 1
+        bound = end[horizon + margin] - (end[fast_forward - 1] if fast_forward else 0.0) + PHASE_SCRAPES * scrape + 1
         bound += bt.duration_seconds(glob["scrape_timeout"])
         wait_for(lambda: step_of(prom, run_id) >= horizon + margin, bound, f"{run_id} to pass step {horizon + margin}")
         live = live_first_fires(prom)
@@ -181,8 +181,10 @@ def test_the_backtest_reads_the_first_fires_the_live_lab_records(incident, seed,
         shutil.copytree(REPO / d, root / d)
     cfg, rules = TrainConfig(incident=incident, seed=seed), root / "prometheus" / "rules"
     # Live from the first step whose every window at the onset holds only live steps, as in the
-    # backtest's runs (a fast-forward leaves Prometheus no history before it).
-    fast_forward = cfg.onset - math.ceil(longest_reach(rules)) - 1
+    # backtest's runs (a fast-forward leaves Prometheus no history before it). A window longer
+    # than the steps before the onset (ThroughputDrop's 30-minute baseline) holds every step from
+    # 0 in both: the live run then trains from step 0, as the backtest's does.
+    fast_forward = max(0, cfg.onset - math.ceil(longest_reach(rules)) - 1)
     # Compared up to two steps after every fire the backtest expects read fresh (a lab's order of
     # groups moves a fire by a scrape, two where the jitter then skips a step), or the onset's window.
     fresh = [fires(c, rules, None) for c in (cfg, TrainConfig(incident="none", seed=seed))]

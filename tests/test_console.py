@@ -18,6 +18,7 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
+from runwatch.console.sources import Sources
 from runwatch.oncall.page_log import read_incidents
 from runwatch.oncall.pager_serve import DEFAULT_RUNBOOKS
 from runwatch.oncall.server import make_server
@@ -182,6 +183,16 @@ def test_the_labs_own_run_is_selected_and_listed_first_from_its_start_and_the_dr
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_watching_lab_has_no_run_of_its_own_so_the_newest_run_is_shown(tmp_path):
+    """Issue 37, item 3: under `up --watch` lab.json's run_id is null, and the console opened on
+    a run called "None"."""
+    (tmp_path / "lab.json").write_text(json.dumps({"run_id": None, "watch": ["127.0.0.1:8000"], "started_at": 0}))
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    sources = Sources(prometheus=nowhere, alertmanager=nowhere, pager=nowhere, state_dir=tmp_path)
+    assert sources.lab_run() is None
+    assert sources.runs_lab_first(["newest", "older"]) == ["newest", "older"]
 
 
 # --- issue 28: a web page in the learner's browser, and bodies that cost before they are refused ---

@@ -9,6 +9,7 @@ import argparse
 import re
 import socket
 import threading
+import time
 
 import pytest
 import requests
@@ -17,7 +18,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from runwatch.core.command import UsageError
 from runwatch.core.paths import REPO
 from runwatch.lab.watched import check_watch, watch_targets
-from runwatch.watch import Watch, WatchError
+from runwatch.prom.server import free_port
+from runwatch.watch import REQUEST_DEADLINE_S, WORKERS, Watch, WatchError
 
 RUN = {"run_id": "r"}
 
@@ -87,8 +89,61 @@ def test_steps_reported_at_once_count_their_mean_duration():
     assert value(w, "runwatch_train_step_duration_seconds_count") == 10
     assert value(w, "runwatch_train_step_duration_seconds_bucket", run_id="r", le="0.005") == 10
     assert value(w, "runwatch_train_tokens_per_second") == pytest.approx(10_000)
-    with pytest.raises(WatchError, match="steps: must be 1 or more"):
+    with pytest.raises(WatchError, match=r"steps: must be in \[1, 2\*\*53\], got 0"):
         w.step(11, 1.0, steps=0)
+
+
+def test_begin_every_step_and_a_report_every_k_steps_give_the_true_rate():
+    """Issue 37, item 6: begin() each step and step(steps=k) every k steps reported k steps'
+    tokens over the last step's time alone (13x at k=16). The report runs from its first begin."""
+    clock = Clock()
+    w = watch(clock)
+    for _ in range(16):
+        clock.now += 0.005  # between steps: not the step's (a report's first begin starts it)
+        w.begin()
+        clock.now += 0.045  # the step itself
+    w.step(15, 1.0, tokens=16 * 1000, steps=16)
+    # 16 steps of 45 ms and the 15 gaps of 5 ms between them: 0.795 s
+    assert value(w, "runwatch_train_tokens_per_second") == pytest.approx(16_000 / 0.795)
+    assert value(w, "runwatch_train_step_duration_seconds_sum") == pytest.approx(0.795)
+    assert value(w, "runwatch_train_step_duration_seconds_count") == 16
+
+
+def test_a_reports_gradient_norm_is_the_largest_of_its_steps():
+    w = watch()
+    w.step(3, 1.0, gradient_norm=[1.0, 7.5, 2.0], steps=3)
+    assert value(w, "runwatch_train_gradient_norm") == 7.5
+    w.step(6, 1.0, gradient_norm=(1.0, float("nan"), 2.0), steps=3)  # an explosion in any step is the report's
+    assert value(w, "runwatch_train_gradient_norm") != value(w, "runwatch_train_gradient_norm")  # NaN
+    w.step(7, 1.0, gradient_norm=4)
+    assert value(w, "runwatch_train_gradient_norm") == 4.0
+
+
+@pytest.mark.parametrize(
+    ("args", "kw", "message"),
+    [
+        (("three", 1.0), {}, "step: must be a whole number, got 'three'"),
+        ((None, 1.0), {}, "step: must be a whole number, got None"),
+        ((2.5, 1.0), {}, "step: must be a whole number, got 2.5"),
+        ((True, 1.0), {}, "step: must be a whole number, got True"),
+        ((10**400, 1.0), {}, r"step: must be in \[0, 2\*\*53\], got 1000"),
+        ((-1, 1.0), {}, r"step: must be in \[0, 2\*\*53\], got -1"),
+        ((1, "x"), {}, "loss: must be a number, got 'x'"),
+        ((1, None), {}, "loss: must be a number, got None"),
+        ((1, 1.0), {"tokens": -5}, r"tokens: must be in \[0, 2\*\*53\], got -5"),
+        ((1, 1.0), {"tokens": 1.5}, "tokens: must be a whole number, got 1.5"),
+        ((1, 1.0), {"gradient_norm": "big"}, "gradient_norm: must be a number, got 'big'"),
+        ((1, 1.0), {"gradient_norm": []}, "gradient_norm: an empty sequence"),
+        ((1, 1.0), {"learning_rate": 10**400}, "learning_rate: must be a number"),
+    ],
+)
+def test_bad_step_arguments_are_refused_naming_them_and_scrapes_stay_whole(args, kw, message):
+    """Issue 40, N22: w.step("three" / None / 10**400, 1.0) was accepted, then every scrape was a 500."""
+    w = watch()
+    w.step(0, 1.0)
+    with pytest.raises(WatchError, match=message):
+        w.step(*args, **kw)
+    assert value(w, "runwatch_train_step") == 0 and generate_latest(w.registry)  # the refused call left no trace
 
 
 def test_finish_stops_the_per_step_values_and_keeps_the_facts():
@@ -161,22 +216,70 @@ def test_bad_settings_are_refused_naming_them(kw, message):
         Watch(registry=CollectorRegistry(), **kw)
 
 
-def test_it_starts_no_thread_until_asked_to_serve_and_then_one(tmp_path, monkeypatch):
+def test_it_starts_no_thread_until_asked_to_serve_and_then_a_bounded_server(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     before = threading.active_count()
     w = Watch("r", registry=CollectorRegistry(), env={"LOCAL_RANK": "1"})
     for s in range(100):
         w.step(s, 1.0, tokens=1)
     assert threading.active_count() == before and list(tmp_path.iterdir()) == []  # no thread, no file
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        base = s.getsockname()[1]
+    base = free_port()
     port = w.serve(base - 1)  # local rank 1: base - 1 + 1
-    assert port == base and threading.active_count() == before + 1
+    assert port == base
+    assert f"runwatch.watch: run r rank 0 serves http://127.0.0.1:{port}/metrics" in capsys.readouterr().err
     assert 'runwatch_train_step{run_id="r"} 99.0' in requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     assert w.scrapes == 1
+    assert threading.active_count() <= before + 1 + WORKERS  # the listener, and the pool's workers at most
     with pytest.raises(WatchError, match=rf"port: cannot serve on 127.0.0.1:{port}: "):
         Watch("r2", registry=CollectorRegistry(), env={}).serve(port)
+
+
+def test_a_local_rank_past_the_last_port_is_refused_naming_it():
+    """Issue 40, N22: LOCAL_RANK=70000 gave an OverflowError."""
+    w = Watch("r", registry=CollectorRegistry(), env={"LOCAL_RANK": "70000"})
+    with pytest.raises(WatchError, match=r"port: 8000 \+ LOCAL_RANK 70000 = 78000, not a TCP port"):
+        w.serve(8000)
+
+
+def test_stalled_connections_cost_no_thread_each_and_are_cut_at_their_deadline():
+    """Issue 40, N23: 3,000 stalled connections to prometheus_client's server made 3,002 threads,
+    all still open 426 s later. Here 300 are held open, sending nothing."""
+    w = Watch("r", registry=CollectorRegistry(), env={})
+    before = threading.active_count()
+    port = w.serve(free_port())
+    stalled = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(300)]
+    try:
+        time.sleep(0.5)  # one poll of the listening socket: every connection accepted or refused
+        assert threading.active_count() <= before + 1 + WORKERS
+        # the ones a worker holds are cut at their deadline (checked every 0.5 s poll)
+        stalled[0].settimeout(REQUEST_DEADLINE_S + 1.5)
+        assert stalled[0].recv(1) == b""
+    finally:
+        for s in stalled:
+            s.close()
+    # the deadline freed every worker: a scrape is answered
+    assert requests.get(f"http://127.0.0.1:{port}/metrics", timeout=REQUEST_DEADLINE_S + 1).status_code == 200
+
+
+def test_finish_waits_for_the_scrape_that_sees_the_end():
+    """Issue 37, item 1: a job that exits right after finish() must have had its end scraped,
+    or TrainerDown cannot tell it from a crash."""
+    w = Watch("r", registry=CollectorRegistry(), env={})
+    port = w.serve(free_port())
+    w.step(0, 1.0)
+    requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    seen: list[str] = []
+    scraper = threading.Timer(
+        0.3, lambda: seen.append(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text)
+    )
+    scraper.start()
+    w.finish()
+    returned_after = w.scrapes  # finish() returns once the scrape after the end has been served
+    scraper.join()
+    assert returned_after == 2 and 'runwatch_train_run_end_time_seconds{run_id="r"}' in seen[0]
+    start = time.monotonic()
+    Watch("q", registry=CollectorRegistry(), env={}).finish()  # never served: no wait
+    assert time.monotonic() - start < 0.1
 
 
 # What a user's loop cannot give: Lesson 20's logits, weights, expected curve and loss scale (the

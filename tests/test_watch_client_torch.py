@@ -269,7 +269,7 @@ def test_the_lightning_callback_exports_a_real_trainers_steps(tmp_path):
             return torch.optim.SGD(self.parameters(), lr=0.05)
 
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
-    callback = RunwatchCallback(run_id="pl", port=None, tokens=lambda batch: batch[0].numel())
+    callback = RunwatchCallback(run_id="pl", port=None, tokens=lambda batch: batch[0].numel(), pace_s=0)
     values = {}
 
     class Peek(L.Callback):  # what a scrape in the middle of the run reads
@@ -290,3 +290,54 @@ def test_the_lightning_callback_exports_a_real_trainers_steps(tmp_path):
     assert values["runwatch_train_learning_rate"] == [0.05] * 6
     assert values["runwatch_train_heldout_loss"][3] > 0  # after the validation at step 3
     assert reg.get_sample_value("runwatch_train_run_end_time_seconds", run) is not None
+
+
+@pytest.mark.unit
+def test_the_lightning_callback_times_the_loaders_wait_and_reports_about_once_a_second(tmp_path):
+    """Issue 37, item 7: the timer started in on_train_batch_start, so a slow loader's wait was
+    not counted; and every batch was published, ~35 a second, with no way to pace it."""
+    import lightning as L  # noqa: N812 (Lightning's own spelling)
+    import torch
+
+    from runwatch.callbacks.lightning import RunwatchCallback
+
+    x, y = _tiny_regression()
+    load_s = 0.003  # per example: 24 ms a batch of 8, in the training loop (no loader workers)
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(x)
+
+        def __getitem__(self, i):
+            time.sleep(load_s)
+            return x[i], y[i]
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.mse_loss(self.linear(batch[0]).squeeze(-1), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    callback = RunwatchCallback(run_id="slow", port=None, tokens=lambda batch: batch[0].numel())
+    published = []
+
+    class Peek(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            published.append(callback.watch.registry.get_sample_value("runwatch_train_step", {"run_id": "slow"}))
+
+    trainer = L.Trainer(max_steps=6, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=str(tmp_path), accelerator="cpu", devices=1,
+                        limit_val_batches=0, callbacks=[callback, Peek()])  # fmt: skip
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(Slow(), batch_size=8))
+    reg, run = callback.watch.registry, {"run_id": "slow"}
+    assert reg.get_sample_value("runwatch_train_step_duration_seconds_count", run) == 6
+    # every batch's loading is in its step's time: 6 batches of 8 examples
+    assert reg.get_sample_value("runwatch_train_step_duration_seconds_sum", run) >= 6 * 8 * load_s
+    # 6 batches in well under the 1 s pace: one report, at the end, not one a batch
+    assert published == [None] * 6 and reg.get_sample_value("runwatch_train_step", run) == 6
+    assert reg.get_sample_value("runwatch_train_tokens_total", run) == 6 * 8 * 4

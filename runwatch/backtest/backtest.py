@@ -80,7 +80,9 @@ from runwatch.trainer.run import struck_rank
 BACKFILL_TIMEOUT_S = 900
 RETENTION = "100y"  # the runs are stamped in 2026-01; a short retention would delete them
 # A recording rule over ALERTS (alerts.yml's first-fire record) has no input here: the
-# backfill writes no ALERTS series.
+# backfill writes no ALERTS series. Nor can one that reads its own last value (a live
+# Prometheus's carried state: alerts.yml's record of a trainer target's run, kept while the target
+# is down) be replayed by a range query: both are left out, as a live lab's bookkeeping.
 LIVE_ALERTS = re.compile(r"\bALERTS(_FOR_STATE)?\b")
 # The throwaway's lookback: backfilled data carries no staleness markers; a 3 s lookback lets a
 # run's series vanish when it ends, as staleness makes them vanish in the live lab.
@@ -224,6 +226,8 @@ def load_rules(rules_dir: Path, promtool: str) -> Rules:
             for pos, rule in enumerate(group.get("rules", [])):
                 if "record" in rule and LIVE_ALERTS.search(rule["expr"]):
                     continue  # bookkeeping of a live Prometheus's alerts; step 5 reads first fires itself
+                if "record" in rule and rule["record"] in {ref.name for ref in references(rule["expr"])}:
+                    continue  # carried state; TrainerDown then reads up alone, which is all a replay has
                 if "record" in rule:
                     rules.recording.append(rule)
                     rules.recorded_at[rule["record"]] = (group["name"], pos)

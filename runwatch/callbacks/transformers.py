@@ -1,10 +1,15 @@
 """runwatch for transformers' `Trainer`: a `TrainerCallback` that publishes what `on_log` receives.
 
 transformers hands a callback the training loss, gradient norm and learning rate at each log,
-every `logging_steps` steps (default 500): set `logging_steps=1` for one sample a step, as the
-lab's rules expect. The loss is then the mean over the steps since the last log. Evaluation's
-`eval_loss` is the held-out loss. Tokens come from `state.num_input_tokens_seen`, which the
-Trainer counts with `include_num_input_tokens_seen=True` (else none are counted).
+every `logging_steps` steps (default 500). The lab's rules count seconds and Prometheus scrapes
+once a second, so set `logging_steps` to about the steps your job does in a second (1 for steps
+of a second or more): each log is one report of `steps=logging_steps`, its loss the mean over
+them (transformers' own), its gradient norm the last step's (transformers logs no other), its
+time the whole of theirs, from the previous log's end, the data loader's waits and any
+evaluation between included. Evaluation's `eval_loss` is the held-out loss. Tokens come from
+`state.num_input_tokens_seen`, which the Trainer counts with
+`include_num_input_tokens_seen=True` (else none are counted). The end of training calls
+`finish()`: the run is over, and its process exiting pages nothing.
 
     >>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[RunwatchCallback(port=8000)])
 
