@@ -1,4 +1,4 @@
-"""A training loop of your own, watched by runwatch.watch: the recipe of docs/watch-your-own-run.md.
+"""A training loop of your own, watched by runwatch.watch: the recipe of docs/watch.md.
 
 A small torch MLP on random data, paced to about `--step-ms` a step, publishing one report a
 second (`begin()` every step, `step(..., steps=k)` every k steps: the mean loss, all the tokens,

@@ -75,7 +75,7 @@ def jobs(tmp_path_factory):
     addresses = [f"127.0.0.1:{ports[n] + r}" for n, (ranks, _) in JOBS.items() for r in range(ranks)]
     start = LabStart(root, "--watch", ",".join(addresses))
     started: dict[str, Job] = {}
-    try:  # the jobs start beside the lab, so that they serve before it scrapes (docs/watch-your-own-run.md)
+    try:  # the jobs start beside the lab, so that they serve before it scrapes (docs/watch.md)
         for name, (ranks, flags) in JOBS.items():
             started[name] = Job(name, ports[name], ranks, flags, root / f"{name}.log")
         lab = start.wait()
