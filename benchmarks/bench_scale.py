@@ -36,7 +36,8 @@ from runwatch.cluster.fleet import RANKS_PER_NODE
 from runwatch.cluster.fleet_lab import CLUSTER_RULES, FleetLab
 from runwatch.core.paths import REPO
 from runwatch.lab.supervise import PORTS, loopback
-from runwatch.oncall.pager import read_pages, received_time
+from runwatch.oncall.page_log import read_pages
+from runwatch.oncall.records import received_time
 from runwatch.prom.server import Process, free_port
 from runwatch.prom.tools import binary
 

@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from runwatch.core.paths import REPO
-from runwatch.oncall.pager import read_pages
+from runwatch.oncall.page_log import read_pages
 from runwatch.prom.server import free_port, free_ports_in_a_row, instant
 from tests.conftest import LabStart, wait_for
 from tests.test_watch_client_torch import pipeline_s
