@@ -116,7 +116,7 @@ lab: $(VENV)/.installed binaries
 # the set-up, make lab until every component answers, then make test (tests/fresh-machine.sh).
 # FRESH_ARGS="--drop lab:binaries" takes an install step out first, to see the tier fail.
 test-fresh:
-	$(call apt_install,debootstrap iptables git)
+	$(call apt_install,debootstrap iptables iproute2 git)
 	bash tests/fresh-machine.sh $(FRESH_ARGS)
 
 lint: $(VENV)/.installed

@@ -127,8 +127,9 @@ install -m 0644 /etc/resolv.conf "$root/etc/resolv.conf"
 git clone -q "$REPO" "$root/root/runwatch"
 for drop in "${drops[@]}"; do  # an install step taken out: TARGET's line loses PREREQUISITE
   target=${drop%%:*} prereq=${drop#*:}
+  before=$(grep -E "^$target:" "$root/root/runwatch/Makefile") || fail "--drop $drop: the Makefile has no target $target"
   sed -i -E "s/^($target:.*)[[:space:]]$prereq([[:space:]]|\$)/\1\2/" "$root/root/runwatch/Makefile"
-  grep -qE "^$target:" "$root/root/runwatch/Makefile" || fail "--drop $drop: the Makefile has no target $target"
+  [ "$(grep -E "^$target:" "$root/root/runwatch/Makefile")" != "$before" ] || fail "--drop $drop: $target has no prerequisite $prereq"
   say "dropped $prereq from $target's prerequisites: $(grep -E "^$target:" "$root/root/runwatch/Makefile")"
 done
 
