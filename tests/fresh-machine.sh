@@ -24,6 +24,7 @@
 set -euo pipefail
 
 say() { echo "test-fresh: $*" >&2; }
+tier_started=$(date +%s)
 fail() { say "$*"; exit 1; }
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -199,3 +200,4 @@ say "\$ make test"
 t=$(date +%s)
 in_root "make test" || fail "make test failed on the fresh machine (after $(elapsed "$t"))"
 say "make test passed on the fresh machine in $(elapsed "$t") (set-up of its own included)"
+say "the tier passed in $(elapsed "$tier_started")"
