@@ -499,9 +499,12 @@ def _train_and_load(
 
 
 def _worker_start(parent: int) -> None:
-    """A worker's Ctrl-C is its parent's to handle: the parent stops it (_processes). Its
-    parent's death, a kill -9 included, ends it (die_with_parent)."""
+    """A worker's Ctrl-C is its parent's to handle: the parent stops it (_processes), with a
+    SIGTERM that ends it quietly (not the parent's handler, inherited by the fork, which turned
+    it into a KeyboardInterrupt and a traceback on the learner's terminal). Its parent's death, a
+    kill -9 included, ends it (die_with_parent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent(parent)
 
 
