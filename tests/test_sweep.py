@@ -160,27 +160,12 @@ def test_the_parsers():
 @pytest.mark.parametrize(
     "args, said",
     [(["--plot", "x.png"], "--plot: draws a sweep's trade-off"),
-     (["--sweep", "HeldOutGap=1,2", "--plot", "x.svg"], "--plot: writes a PNG")],
-)  # fmt: skip
-def test_a_plot_needs_a_sweep_and_a_png_and_is_refused_before_anything_runs(tmp_path, monkeypatch, args, said):
-    import argparse
-
-    from runwatch.backtest import backtest as bt
-
-    monkeypatch.chdir(tmp_path)
-    p = argparse.ArgumentParser()
-    command = bt.add_arguments(p)
-    with pytest.raises(UsageError, match=f"^{re.escape(said)}"):
-        command(p.parse_args(["--seeds", "0", *args]))
-    assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.parametrize(
-    "args, said",
-    [(["--edit-of", "."], "--edit-of: compares a sweep's alert: give --sweep too"),
+     (["--sweep", "HeldOutGap=1,2", "--plot", "x.svg"], "--plot: writes a PNG"),
+     (["--edit-of", "."], "--edit-of: compares a sweep's alert: give --sweep too"),
      (["--sweep", "HeldOutGap=1,2", "--edit-of", "nowhere"], "--edit-of: nowhere is not a directory")],
 )  # fmt: skip
-def test_an_edit_of_needs_a_sweep_and_a_folder_and_is_refused_before_anything_runs(tmp_path, monkeypatch, args, said):
+def test_a_plot_or_an_edit_of_without_what_it_needs_is_refused_before_anything_runs(tmp_path, monkeypatch, args, said):
+    """--plot needs a sweep and a PNG; --edit-of a sweep and a folder."""
     import argparse
 
     from runwatch.backtest import backtest as bt
