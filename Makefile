@@ -106,7 +106,7 @@ test-torch: $(VENV)/.torch binaries
 test-k8s: $(VENV)/.installed binaries k8s-tools
 	$(PYTEST) tests/test_chart.py -n 2
 
-test-compose: $(VENV)/.installed binaries compose-runtime
+test-compose: $(VENV)/.installed binaries browser compose-runtime
 	$(PYTEST) -m compose tests/test_compose_e2e.py
 
 lab: $(VENV)/.installed binaries
