@@ -122,8 +122,9 @@ test-fresh:
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
+# Benchmarks write their figures into docs/figures.md through benchmarks/figures.py, never by hand
 bench: $(VENV)/.installed
-	$(PY) benchmarks/bench_trainer.py
+	$(PY) benchmarks/figures.py record trainer "The trainer's step, its instrumentation and /metrics" -- $(PY) benchmarks/bench_trainer.py
 
 bench-watch: $(VENV)/.torch
 	$(PY) benchmarks/bench_watch.py
