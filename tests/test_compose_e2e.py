@@ -219,8 +219,10 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
     # every link the project writes opens here too (no Grafana and no control run in this test)
     broken = {}
     for url in project_links():
-        if int(LINK.match(url)[1]) not in (GRAFANA_PORT, 8001):
-            status = requests.get(url, timeout=10).status_code
+        port = int(LINK.match(url)[1])
+        if port not in (GRAFANA_PORT, 8001):
+            auth = stack.alertmanager_auth() if port == 9093 else None  # as the browser asks the learner for it
+            status = requests.get(url, timeout=10, auth=auth).status_code
             if status != 200:
                 broken[url] = status
     assert broken == {}
