@@ -14,8 +14,12 @@ import psutil
 import pytest
 
 from runwatch.backtest import backtest as bt
-from runwatch.backtest.backtest import duration_seconds, parse_seeds, report
+from runwatch.backtest import data, evaluate
+from runwatch.backtest.plan import Schedule, parse_seeds
+from runwatch.backtest.report import report
+from runwatch.core.bounded import MAX_RULE_FILE_BYTES
 from runwatch.core.command import UsageError
+from runwatch.core.durations import duration_seconds
 from runwatch.core.paths import REPO
 from runwatch.prom.server import instant, query_range
 from tests.conftest import edit, need, threshold, wait_for
@@ -330,10 +334,10 @@ def test_a_backfilled_recording_lands_on_the_whole_seconds_subqueries_evaluate_o
     Prometheus: no group's hashed phase is involved (promtool's `create-blocks-from rules` has one)."""
     prometheus = need("prometheus")
     families = {"runwatch_train_step", "up"}
-    meta, _ = bt._train_and_load([5], ("none",), tmp_path, families, prometheus, 1, "fp64", lambda *a, **k: None)
-    prom = bt._throwaway(prometheus, tmp_path, meta)
+    meta, _ = data.train_and_load([5], ("none",), tmp_path, families, prometheus, 1, "fp64", lambda *a, **k: None)
+    prom = data.throwaway(prometheus, tmp_path, meta)
     rule = {"record": "backtest:step:count", "expr": "count(runwatch_train_step)", "labels": {"why": "test"}}
-    bt._backfill(prom, [[rule]], lambda *a, **k: None)
+    evaluate.backfill(prom, [[rule]], lambda *a, **k: None)
     with prom.running():
         found = instant(prom.base, "timestamp(backtest:step:count)", prom.start + 100.5)
         stamps = query_range(prom.base, "timestamp(backtest:step:count)", prom.start, prom.end, 7.0)
@@ -351,7 +355,7 @@ def test_the_grid_is_the_live_lab_s_scrapes_on_the_lab_clock():
     from runwatch.trainer.offline import OfflineRun, simulate
 
     run = simulate(TrainConfig(seed=1))
-    shifted = OfflineRun(run.cfg, run.records, shift_ms=bt.GRID_PHASE_MS)
+    shifted = OfflineRun(run.cfg, run.records, shift_ms=data.GRID_PHASE_MS)
     lab = [r.lab_time for r in run.records]
     for stamp, t in zip(shifted.stamps_ms(), lab, strict=True):
         assert (stamp / 1000 - run.start) % 1 == pytest.approx((t - SCRAPE_PHASE) % 1, abs=1e-3)
@@ -365,7 +369,7 @@ def test_the_grid_is_the_live_lab_s_scrapes_on_the_lab_clock():
 def test_a_group_reads_another_s_recording_late_when_that_one_evaluates_after_it(
     after_scrape, training_reads_baselines
 ):
-    schedule = bt.Schedule(after_scrape)
+    schedule = Schedule(after_scrape)
     assert schedule.lag(("runwatch-training", 0), ("runwatch-baselines", 4)) == training_reads_baselines
     assert schedule.lag(("runwatch-cluster", 3), ("runwatch-cluster", 0)) == 0  # earlier in its own group
     assert schedule.lag(("runwatch-cluster", 0), ("runwatch-cluster", 3)) == 1  # later: the last evaluation's
@@ -378,7 +382,7 @@ def test_a_lab_s_order_moves_only_the_alerts_that_read_recordings_alone():
     """In a lab whose alerts evaluate after the scrape and before the baselines, an alert whose
     condition is recordings only (TrainingLossJump) reads them a scrape late: one step later."""
     seeds, rules = [3], REPO / "prometheus" / "rules"
-    late = bt.Schedule({"runwatch-baselines": 0.9, "runwatch-training": 0.3, "runwatch-targets": 0.5,
+    late = Schedule({"runwatch-baselines": 0.9, "runwatch-training": 0.3, "runwatch-targets": 0.5,
                         "runwatch-cluster": 0.1, "runwatch-cluster-10m": 0.2})  # fmt: skip
     fresh = bt.backtest(seeds, rules, ("corrupt_shard",), progress=lambda *a, **k: None)
     lagged = bt.backtest(seeds, rules, ("corrupt_shard",), progress=lambda *a, **k: None, schedule=late)
@@ -438,7 +442,7 @@ def test_bad_cluster_flags(tmp_path, args, flag):
 def test_a_rule_file_that_is_a_device_or_too_big_is_refused_before_promtool_reads_it(tmp_path):
     """`--rules` with a.yml -> /dev/zero took promtool to 8.5 GB in 5 s."""
     for name, make in (("device", lambda p: p.symlink_to("/dev/zero")),
-                       ("huge", lambda p: p.write_bytes(b"#" * ((bt.MAX_RULE_FILE_BYTES) + 1)))):  # fmt: skip
+                       ("huge", lambda p: p.write_bytes(b"#" * ((MAX_RULE_FILE_BYTES) + 1)))):  # fmt: skip
         rules = tmp_path / name
         shutil.copytree(REPO / "prometheus" / "rules", rules)
         make(rules / "a.yml")
