@@ -151,6 +151,63 @@ def test_rules_that_fail_promtool_are_refused_with_its_message(tmp_path):
     assert list(tmp_path.iterdir()) == [rules]
 
 
+# An alert that flickers: x counts up one an evaluation, and x % 20 < 10 holds for 10
+# evaluations, then not for 10. Prometheus keeps a firing alert firing until K evaluations
+# after the condition last held: with K = 10 it bridges each gap of 10; with K = 9 it resolves
+# at the gap's last evaluation (19, 39) and fires, and pages, again at the next.
+FLICKER_FIRING = {10: set(range(40)), 9: set(range(40)) - {19, 39}}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("keep", sorted(FLICKER_FIRING))
+def test_keep_firing_for_is_read_as_prometheus_keeps_the_alert_firing(tmp_path, keep):
+    """Issue 39: nothing read keep_firing_for, so a rule using it (ThroughputDrop's 30 s) began to
+    fire, and paged, more often in the backtest than in the lab. Both sides of its boundary,
+    in promtool: the alert's own state and the backtest's firing query, evaluated by Prometheus."""
+    from runwatch.backtest.plan import firing_query
+
+    rule = {"alert": "Flicker", "expr": "x % 20 < 10", "keep_firing_for": f"{keep}s"}
+    query = firing_query(rule["expr"], rule)
+    assert query == f"count_over_time((x % 20 < 10)[{keep * 1000 + 500}ms:1s])"
+    (tmp_path / "r.yml").write_text(json.dumps({"groups": [{"name": "g", "interval": "1s", "rules": [rule]}]}))
+    firing = FLICKER_FIRING[keep]
+    test = {"rule_files": ["r.yml"], "evaluation_interval": "1s", "tests": [{
+        "interval": "1s", "input_series": [{"series": "x", "values": "0+1x60"}],
+        "alert_rule_test": [{"eval_time": f"{t}s", "alertname": "Flicker",
+                             "exp_alerts": [{"exp_labels": {}}] if t in firing else []} for t in range(40)],
+        "promql_expr_test": [{"expr": f"count({query})", "eval_time": f"{t}s",
+                              "exp_samples": [{"labels": "{}", "value": 1}] if t in firing else []} for t in range(40)],
+    }]}  # fmt: skip
+    (tmp_path / "t.yml").write_text(json.dumps(test))
+    res = subprocess.run([need("promtool"), "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_an_alert_with_both_for_and_keep_firing_for_is_named_as_one_that_cannot_be_backtested():
+    """Prometheus keeps such an alert firing through a short gap without waiting its for: again:
+    a state no query over stored data replays, so the backtest says so instead of guessing."""
+    from runwatch.backtest.rules import holds
+
+    assert holds({"alert": "A", "expr": "x", "for": "10s"}) == (10, 0)
+    assert holds({"alert": "A", "expr": "x", "for": "10s", "keep_firing_for": "0s"}) == (10, 0)
+    with pytest.raises(UsageError, match=r"^--rules: alert A cannot be backtested: it has both for: and keep_firing"):
+        holds({"alert": "A", "expr": "x", "for": "10s", "keep_firing_for": "30s"})
+
+
+@pytest.mark.integration
+def test_a_rule_file_with_an_alert_that_cannot_be_backtested_is_refused_before_any_run(tmp_path):
+    rules = tmp_path / "rules"
+    shutil.copytree(REPO / "prometheus" / "rules", rules)
+    edit(rules / "alerts.yml", "        keep_firing_for: 30s\n", "        for: 5s\n        keep_firing_for: 30s\n", 1)
+    res = backtest("--seeds", "0", "--rules", str(rules), cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "runwatch backtest: --rules: alert ThroughputDrop cannot be backtested: it has both for: and keep_firing_for:, "
+        "whose state no query over stored data replays; backtest it with one of them"
+    ]
+    assert list(tmp_path.iterdir()) == [rules]
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "args, flag",

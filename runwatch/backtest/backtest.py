@@ -10,12 +10,14 @@ values of its threshold or its `for:` (variants.py, sweep.py), beside the rules 
 The command parses its flags and runs the stages in order, each a module that imports only
 the ones before it (tests/test_layers.py):
 
-1. rules.py: the rules folder, checked by promtool.
+1. rules.py: the rules folder, checked by promtool; each alert's `for:` and `keep_firing_for:`
+   read, and an alert whose pair cannot be replayed refused by name.
 2. plan.py: the runs (seeds x incidents x strengths), the families they load, and how each rule
    is evaluated: recording rules inlined where the alerts read them, as subqueries on a 1 s grid
    (inline.py), or backfilled first when read in a form that cannot be inlined exactly; each
    alert's firing query. `for: D` fires at T when the condition held at every evaluation in
-   [T-D, T], `count_over_time((condition)[D + 0.5s:1s]) >= D/1s + 1`.
+   [T-D, T], `count_over_time((condition)[D + 0.5s:1s]) >= D/1s + 1`; `keep_firing_for: K` at T
+   when it held at some evaluation in [T-K, T], as Prometheus keeps a firing alert firing.
 3. data.py: every seed x incident trained offline in batches (trainer.batch: bit for bit the runs
    `runwatch train --offline` writes), pushed into a loading Prometheus over remote write
    (remote_write.py) and snapshotted as a TSDB block, cached between runs (datacache.py); a
@@ -102,7 +104,7 @@ def backtest(
     # 1. rules
     rules = rules_dir if isinstance(rules_dir, Rules) else load_rules(rules_dir, promtool)
     rules = (edit or (lambda r: r))(rules)
-    # 2. plan: before any run is trained
+    # 2. plan: before any run is trained, so that an alert it cannot evaluate is refused first
     how = plan(rules, DEFAULT_START, inline, schedule)
     families = families_read(rules)
     # 3. data

@@ -1,7 +1,7 @@
 """Stage 2 of the backtest: its plan. Which runs it trains (seeds x incidents, each incident run
 at a strength), which of the trainer's families it loads, and how each rule is evaluated on
 the grid: each recording inlined where its readers read it, or backfilled first, and each
-alert's firing query, its `for:` evaluated by Prometheus.
+alert's firing query, its `for:` or its `keep_firing_for:` evaluated by Prometheus.
 
     how = plan(rules, DEFAULT_START)            # how.conditions, how.queries, how.passes
 
@@ -21,9 +21,8 @@ import requests
 
 from runwatch.backtest import signatures
 from runwatch.backtest.inline import Inliner, references
-from runwatch.backtest.rules import Rules
+from runwatch.backtest.rules import Rules, holds
 from runwatch.core.command import UsageError
-from runwatch.core.durations import duration_seconds
 from runwatch.exporter.metrics import STEP
 from runwatch.trainer.config import MAX_SEED, SCALED_INCIDENTS
 from runwatch.trainer.offline import FAMILIES
@@ -241,12 +240,16 @@ class Plan:
 
 
 def firing_query(condition: str, rule: dict) -> str:
-    """PromQL over an alert's condition: firing at T when it held at every evaluation of its `for`."""
-    hold = duration_seconds(str(rule.get("for", "0s")), f"--rules: for: of alert {rule['alert']}")
-    n = int(round(hold))  # evaluations are 1 s apart
-    if n == 0:  # held at the one evaluation in [T, T]: the condition itself, without a subquery's cost
-        return condition
-    return f"count_over_time(({condition})[{n * 1000 + 500}ms:1s]) >= {n + 1}"
+    """PromQL over an alert's condition: a series wherever Prometheus would have it firing, on a
+    1 s grid. `for: D`: firing at T when the condition held at every evaluation in [T-D, T].
+    `keep_firing_for: K`: when it held at some evaluation in [T-K, T] (Prometheus keeps a
+    firing alert firing until K after the condition stopped holding). Both: refused (holds)."""
+    hold, keep = holds(rule)
+    if hold:
+        return f"count_over_time(({condition})[{hold * 1000 + 500}ms:1s]) >= {hold + 1}"
+    if keep:
+        return f"count_over_time(({condition})[{keep * 1000 + 500}ms:1s])"
+    return condition  # held at the one evaluation in [T, T]: the condition itself, without a subquery's cost
 
 
 def plan(rules: Rules, since: float, inline: bool = True, schedule: Schedule | None = None) -> Plan:

@@ -4,7 +4,9 @@
 
 promtool checks the files first (bounded reads: issue 40); then each group's recording and
 alerting rules are kept with where they sit (the plan reads a recording late or fresh by
-them).
+them). Each alert's `for:` and `keep_firing_for:` are read here (holds): the plan has
+Prometheus evaluate them, and an alert whose pair no query over stored data can replay is
+refused by name.
 
 The first stage: it imports none of the others (plan, data, evaluate, report).
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 from runwatch.backtest.inline import references
 from runwatch.core.bounded import MAX_RULE_FILE_BYTES, BoundedReadError, load_yaml, regular_file
 from runwatch.core.command import UsageError
+from runwatch.core.durations import duration_seconds
 from runwatch.core.names import META_GROUP
 from runwatch.core.paths import Layout
 from runwatch.prom.tools import run_tool
@@ -39,9 +42,27 @@ class Rules:
     alert_at: list[tuple[str, int]] = field(default_factory=list)  # alerting[i]'s (group, position)
 
 
+def holds(rule: dict) -> tuple[int, int]:
+    """An alert's (`for:`, `keep_firing_for:`) in whole evaluations, 1 s apart. UsageError
+    naming the alert when it has both: Prometheus keeps such an alert firing through each gap
+    shorter than keep_firing_for without waiting its `for:` again, a state carried from
+    evaluation to evaluation that no query over stored data replays.
+
+        >>> holds({"alert": "ThroughputDrop", "expr": "x < 1", "keep_firing_for": "30s"})
+        (0, 30)
+    """
+    name = rule["alert"]
+    hold = int(round(duration_seconds(str(rule.get("for", "0s")), f"--rules: for: of alert {name}")))
+    keep = duration_seconds(str(rule.get("keep_firing_for", "0s")), f"--rules: keep_firing_for: of alert {name}")
+    if hold and round(keep):
+        raise UsageError(f"--rules: alert {name} cannot be backtested: it has both for: and keep_firing_for:, "
+                         "whose state no query over stored data replays; backtest it with one of them")  # fmt: skip
+    return hold, int(round(keep))
+
+
 def load_rules(rules_dir: Path, promtool: str) -> Rules:
     """The rules of `rules_dir` as Prometheus loads them (rules/*.yml), checked by promtool;
-    UsageError naming --rules when a file is refused."""
+    UsageError naming --rules when a file is refused or an alert cannot be backtested."""
     files = Layout().rule_files(rules_dir)  # what prometheus.yml loads: rules/*.yml
     if not files:
         raise UsageError(f"--rules: no .yml rule files in {rules_dir}")
@@ -73,6 +94,8 @@ def load_rules(rules_dir: Path, promtool: str) -> Rules:
                 else:
                     rules.alerting.append(rule)
                     rules.alert_at.append((group["name"], pos))
+    for rule in rules.alerting:  # before any run is trained: an alert that cannot be replayed is said first
+        holds(rule)
     return rules
 
 
