@@ -104,7 +104,8 @@ def backtest(
     # 1. rules
     rules = rules_dir if isinstance(rules_dir, Rules) else load_rules(rules_dir, promtool)
     rules = (edit or (lambda r: r))(rules)
-    # 2. plan: before any run is trained, so that an alert it cannot evaluate is refused first
+    # 2. plan: before any run is trained, so that an alert it cannot evaluate is refused first;
+    # its grid starts where every run starts, as data.throwaway's does
     how = plan(rules, DEFAULT_START, inline, schedule)
     families = families_read(rules)
     # 3. data

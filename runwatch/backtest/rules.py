@@ -85,7 +85,7 @@ def load_rules(rules_dir: Path, promtool: str) -> Rules:
                 continue
             for pos, rule in enumerate(group.get("rules", [])):
                 if "record" in rule and LIVE_ALERTS.search(rule["expr"]):
-                    continue  # bookkeeping of a live Prometheus's alerts; step 5 reads first fires itself
+                    continue  # bookkeeping of a live Prometheus's alerts; the evaluation reads first fires itself
                 if "record" in rule and rule["record"] in {ref.name for ref in references(rule["expr"])}:
                     continue  # carried state; TrainerDown then reads up alone, which is all a replay has
                 if "record" in rule:
