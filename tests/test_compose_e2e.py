@@ -45,7 +45,7 @@ import pytest
 import requests
 import yaml
 
-from runwatch.backtest.backtest import duration_seconds
+from runwatch.core.durations import duration_seconds
 from runwatch.core.names import FIRST_FIRED
 from runwatch.prom.server import instant, query_range
 from tests.compose_runtime import Runtime
