@@ -55,7 +55,7 @@ DELEGATED = {
     "pager-serve": ("runwatch.oncall.pager_serve", "main"),
     "console": ("runwatch.console.serve", "main"),
     "probe": ("runwatch.probe", "main"),
-    "credentials": ("runwatch.core.credentials", "main"),
+    "credentials": ("runwatch.credentials", "main"),
 }
 
 

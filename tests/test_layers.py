@@ -36,7 +36,8 @@ LAYERS = [
     ("runwatch.trainer",),
     ("runwatch.drill.answer", "runwatch.readouts", "runwatch.oncall"),
     ("runwatch.cluster", "runwatch.backtest", "runwatch.console"),
-    ("runwatch.train", "runwatch.check", "runwatch.probe", "runwatch.query", "runwatch.lesson", "runwatch.lab"),
+    ("runwatch.train", "runwatch.check", "runwatch.probe", "runwatch.query", "runwatch.lesson", "runwatch.lab",
+     "runwatch.credentials"),
     ("runwatch.drill",),
     ("runwatch.cli",),
     ("runwatch.__main__",),
@@ -220,7 +221,7 @@ CONSOLE_USES = {
     "runwatch.core.command", "runwatch.core.names", "runwatch.core.paths", "runwatch.core.addresses",
     "runwatch.readouts.dashboard_queries", "runwatch.readouts.picture", "runwatch.prom.server",
     "runwatch.trainer.config", "runwatch.core.files", "runwatch.core.bounded", "runwatch.core.durations",
-    "runwatch.core.serving", "runwatch.core.token", "runwatch.readouts.colours",
+    "runwatch.core.serving", "runwatch.core.token", "runwatch.readouts.colours", "runwatch.core.credentials",
 }  # fmt: skip
 
 

@@ -12,7 +12,7 @@ Files, in state/alertmanager/, owner-only natively:
   http.yml   a client's HTTP config: amtool --http.config.file, Prometheus's basic_auth
 
 Compose makes the same files once, in a volume of their own, with `runwatch credentials
-/credentials` (a one-shot service, docker-compose.yml): there they are readable by every user,
+/credentials` (a one-shot service, docker-compose.yml; runwatch/credentials.py): there they are readable by every user,
 because Prometheus, Alertmanager and Grafana run as users of their own images, and only the
 containers that mount the volume can reach it.
 
@@ -90,26 +90,3 @@ def basic_auth(state: Path) -> tuple[str, str] | None:
         return USER, _password(state)
     except (FileNotFoundError, BoundedReadError):
         return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`runwatch credentials DIR`: compose's one-shot service, before Alertmanager starts. Makes
-    DIR/alertmanager/{password,web.yml,http.yml} once, readable by the other containers' users;
-    an existing password is kept, so a restarted stack asks the same one."""
-    import argparse
-    import sys
-
-    p = argparse.ArgumentParser(prog="runwatch credentials", description=main.__doc__)
-    p.add_argument("dir", type=Path, help="the folder of compose's credentials volume")
-    args = p.parse_args(argv)
-    if not args.dir.is_dir():
-        print(f"{p.prog}: DIR: {args.dir} is not a directory", file=sys.stderr)
-        return 2
-    try:
-        ensure(args.dir, mode=0o644)
-        folder(args.dir).chmod(0o755)
-    except (OSError, BoundedReadError) as err:
-        print(f"{p.prog}: {args.dir}: {err}", file=sys.stderr)
-        return 1
-    print(f"{p.prog}: Alertmanager's password is in {password_file(args.dir)}", flush=True)
-    return 0
