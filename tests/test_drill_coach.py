@@ -277,3 +277,18 @@ def test_the_console_s_drills_page_lists_the_graded_drills_newest_first(tmp_path
     assert "lr_spike at 0.731 from step 247" in page and "<b>2</b>" not in page
     assert "40.0 s (39.6 s) best" in page and "144.2 s (-)</td>" in page and "60.0 s (-) best" in page
     assert "1.1 s (1.0 s)" in page and "90.0 s (77.7 s)</td>" in page  # a grade from before the pars: -
+
+
+def test_the_postmortem_states_each_time_beside_its_par_and_a_grade_from_before_the_pars_without():
+    from runwatch.drill.postmortem import postmortem_markdown
+
+    grade = {"incident": "corrupt_shard", "onset": 247, "diagnosed": "corrupt_shard", "correct": True,
+             "first_page": "TrainingLossJump", "onset_to_first_page_s": 1.2, "first_page_to_ack_s": 30.0,
+             "first_page_to_diagnosis_s": 60.0, "par_onset_to_first_page_s": 1.0, "par_first_page_to_ack_s": 39.6,
+             "par_first_page_to_diagnosis_s": 77.7}  # fmt: skip
+    (line,) = [x for x in postmortem_markdown("r", grade, [], "").splitlines() if x.startswith("First page")]
+    assert line.endswith(
+        "1.2 s (par 1 s); first page to ack: 30 s (par 39.6 s); first page to diagnosis: 60 s (par 77.7 s)."
+    )
+    old = {k: v for k, v in grade.items() if not k.startswith("par_")}
+    assert "par" not in postmortem_markdown("r", old, [], "").split("## What happened")[1].split("\n\n")[1]
