@@ -68,6 +68,8 @@ def parser() -> Parser:
                         "(default: the --state-dir lab's pager.token; none without a state dir)")  # fmt: skip
     p.add_argument("--state-dir", type=Path, default=None,
                    help="the native lab's state directory: its current run, and its drill to diagnose")  # fmt: skip
+    p.add_argument("--tmp-dir", type=Path, default=None, metavar="DIR",
+                   help="where the lab guide's commands write, which the Lessons page checks ($TMP: /tmp)")  # fmt: skip
     return p
 
 
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     # KEEP_ALIVE_S is closed; Starlette's thread pool (40) bounds the endpoints that block.
     # Measured under slow connections by benchmarks/bench_slow_connections.py.
     config = uvicorn.Config(
-        make_app(sources, hosts=hosts, pager_token=args.pager_token_file and args.pager_token_file.absolute()),
+        make_app(sources, hosts=hosts, pager_token=args.pager_token_file and args.pager_token_file.absolute(),
+                 lesson_tmp=args.tmp_dir and args.tmp_dir.absolute()),
         log_level="warning", access_log=False, lifespan="off",
         limit_concurrency=LIMIT_CONCURRENCY, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG,
         http=bounded_h11(HEAD_TIMEOUT_S, MAX_WAITING),
