@@ -72,6 +72,8 @@ def parser() -> Parser:
                         "volume's; default: the --state-dir lab's)")  # fmt: skip
     p.add_argument("--state-dir", type=Path, default=None,
                    help="the native lab's state directory: its current run, and its drill to diagnose")  # fmt: skip
+    p.add_argument("--tmp-dir", type=Path, default=None, metavar="DIR",
+                   help="where the lab guide's commands write, which the Lessons page checks ($TMP: /tmp)")  # fmt: skip
     return p
 
 
@@ -126,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     # Measured under slow connections by benchmarks/bench_slow_connections.py.
     config = uvicorn.Config(
         make_app(sources, hosts=hosts, pager_token=args.pager_token_file and args.pager_token_file.absolute(),
-                 alertmanager_password=args.alertmanager_password_file and args.alertmanager_password_file.absolute()),
+                 alertmanager_password=args.alertmanager_password_file and args.alertmanager_password_file.absolute(),
+                 lesson_tmp=args.tmp_dir and args.tmp_dir.absolute()),
         log_level="warning", access_log=False, lifespan="off",
         limit_concurrency=LIMIT_CONCURRENCY, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG,
         http=bounded_h11(HEAD_TIMEOUT_S, MAX_WAITING),
