@@ -23,7 +23,7 @@ from runwatch.prom.server import PromQLError, instant, quoted
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-RESEND_DELAY_S = 2  # Prometheus's --rules.alert.resend-delay in the lab (supervise.PROMETHEUS_FLAGS)
+RESEND_DELAY_S = 2  # Prometheus's --rules.alert.resend-delay in the lab (runwatch.lab.argv.PROMETHEUS_FLAGS)
 
 
 def notification_window_s(alertmanager_yml: Path) -> float:
