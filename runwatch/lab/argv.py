@@ -20,6 +20,10 @@ from runwatch.prom.tools import alertmanager_launch, binary
 # reload` bounds its wait for the new rules' first evaluations by it (runwatch.prom.checks).
 QUERY_TIMEOUT_S = 20
 
+# How soon Prometheus sends a firing alert again: a drill's window for a page counts it
+# (runwatch.drill.confirm).
+RESEND_DELAY_S = 2
+
 # Shared with docker-compose.yml (tests/test_compose.py holds them equal). The external URLs are
 # where a learner's browser reaches each server, natively and through compose's published ports,
 # so the links in alerts (generatorURL, Alertmanager's) open in both worlds.
@@ -29,7 +33,7 @@ QUERY_TIMEOUT_S = 20
 PROMETHEUS_FLAGS = [
     "--web.cors.origin=" + re.escape(f"http://{LOOPBACK}:{PORTS['prometheus']}"),
     f"--web.external-url=http://{LOOPBACK}:{PORTS['prometheus']}/",
-    "--rules.alert.resend-delay=2s",  # an Alertmanager that restarts hears of firing alerts in 2 s, not 1 m
+    f"--rules.alert.resend-delay={RESEND_DELAY_S}s",  # a restarted Alertmanager hears of firing alerts in 2 s, not 1 m
     "--storage.tsdb.retention.time=30d",
     f"--query.timeout={QUERY_TIMEOUT_S}s",
 ]
