@@ -239,10 +239,11 @@ def test_the_standalone_console_listens_where_the_lab_says():
 
 
 def test_the_exporter_takes_a_record_not_the_trainer():
-    """exporter/ depends on the trainer's record type only, so it pulls in no numpy and no model."""
+    """exporter/ depends on the trainer's record type only, so it pulls in no numpy and no model
+    (and on the lab's names, which import nothing: its loopback address has one home)."""
     g = graph()
     for name in (m for m in g if m.startswith("runwatch.exporter.")):
-        assert g[name] <= {"runwatch.trainer.record", "runwatch.exporter.metrics"}, name
+        assert g[name] <= {"runwatch.trainer.record", "runwatch.exporter.metrics", "runwatch.core.names"}, name
 
 
 def test_the_standalone_pager_listens_where_the_lab_says():
@@ -296,13 +297,18 @@ def _constants(path: Path) -> list[tuple[int, str]]:
 
 def test_each_name_and_address_has_one_home():
     """Issue 39: the threshold rule's name was defined in three modules, and the pager's and the
-    follower's addresses were written out where core.names says them. A second home fails here."""
+    follower's addresses were written out where core.names says them. A second home of any of
+    core.names' strings (a recording rule's name, the loopback address) fails here."""
+    from runwatch.core import names
+
     address = re.compile(r"(?:https?://)?127\.0\.0\.1:\d+")
+    homed = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
+    assert {"alert:runwatch_threshold:ratio", "127.0.0.1", "run_alert:runwatch_train_step:first_fired"} <= homed
     found = []
     for name, path in {**modules(), "grafana.dashboards": REPO / "grafana" / "dashboards.py"}.items():
         if name.startswith("runwatch.core."):
             continue
         for line, value in _constants(path):
-            if value == "alert:runwatch_threshold:ratio" or address.match(value):
+            if value in homed or address.match(value):
                 found.append(f"{path.relative_to(REPO)}:{line} {value!r}")
     assert not found, f"use runwatch.core.names (THRESHOLD, url(), PORTS): {found}"
