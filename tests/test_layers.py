@@ -171,7 +171,7 @@ def closure(g: dict[str, set[str]], start: str) -> set[str]:
 def test_the_subcommands_are_found():
     found = subcommands()
     expected = {"runwatch.train", "runwatch.backtest.backtest", "runwatch.lab.lab", "runwatch.drill.drill"}
-    expected |= {"runwatch.readouts.plate", "runwatch.oncall.follow", "runwatch.console.serve", "runwatch.probe"}
+    expected |= {"runwatch.readouts.plate", "runwatch.oncall.pager", "runwatch.console.serve", "runwatch.probe"}
     expected |= {
         "runwatch.oncall.pager_serve",
         "runwatch.drill.ack",
@@ -249,7 +249,7 @@ def test_the_exporter_takes_a_record_not_the_trainer():
 def test_the_standalone_pager_listens_where_the_lab_says():
     """The pager keeps its own default port (it stands alone); it must be the lab's."""
     from runwatch.core.names import PORTS, RUNBOOK_BASE, url
-    from runwatch.oncall.follow import PROMETHEUS
+    from runwatch.oncall.pager import PROMETHEUS
     from runwatch.oncall.pager_serve import _serve_parser
 
     assert _serve_parser().get_default("port") == PORTS["pager"]
