@@ -312,3 +312,13 @@ def test_each_name_and_address_has_one_home():
             if value in homed or address.match(value):
                 found.append(f"{path.relative_to(REPO)}:{line} {value!r}")
     assert not found, f"use runwatch.core.names (THRESHOLD, url(), PORTS): {found}"
+
+
+# Issue 39: a module a newcomer can read through. runwatch/backtest/ joins once it is split.
+SMALL_PACKAGES = (REPO / "oncall", REPO / "runwatch" / "lab")
+
+
+@pytest.mark.parametrize("folder", SMALL_PACKAGES, ids=lambda f: f.name)
+def test_each_module_of_the_pager_and_the_lab_is_under_400_lines(folder):
+    long = {p.name: n for p in sorted(folder.glob("*.py")) if (n := len(p.read_text().splitlines())) >= 400}
+    assert not long, f"{folder.relative_to(REPO)}: split these by concern: {long}"
