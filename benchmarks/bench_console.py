@@ -24,7 +24,8 @@ from pathlib import Path
 import requests
 
 from runwatch.core.paths import REPO
-from runwatch.lab.supervise import ALERTMANAGER_FLAGS, loopback
+from runwatch.lab.argv import ALERTMANAGER_FLAGS
+from runwatch.lab.render import loopback
 from runwatch.oncall.records import rfc3339_ms
 from runwatch.prom.server import Process, free_port
 from runwatch.prom.tools import alertmanager_launch, binary

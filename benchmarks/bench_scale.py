@@ -34,8 +34,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runwatch.cluster.fleet import RANKS_PER_NODE
 from runwatch.cluster.fleet_lab import CLUSTER_RULES, FleetLab
+from runwatch.core.names import PORTS
 from runwatch.core.paths import REPO
-from runwatch.lab.supervise import PORTS, loopback
+from runwatch.lab.render import loopback
 from runwatch.oncall.page_log import read_pages
 from runwatch.oncall.records import received_time
 from runwatch.prom.server import Process, free_port

@@ -16,6 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
+from runwatch.core.names import LOOPBACK
+
 SCRAPE_DURATION = "runwatch_exporter_scrape_duration_seconds"
 
 
@@ -81,7 +83,7 @@ class MetricsServer(ThreadingHTTPServer):
         return body
 
 
-def start(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> MetricsServer:
+def start(registry: CollectorRegistry, port: int, host: str = LOOPBACK) -> MetricsServer:
     """Serve registry on host:port in a daemon thread; raise PortInUseError if the port is taken."""
     srv = MetricsServer(registry, host, port)
     threading.Thread(target=srv.serve_forever, name="metrics", daemon=True).start()

@@ -2,7 +2,7 @@
 (oncall/ at the top of the checkout), one concern a module, in the order a page flows:
 records.py (a payload, a page, an ack), prometheus.py (the rule in force), incidents.py,
 page_log.py (the durable log), watchdog.py, metrics.py, app.py (the web app), server.py (it on
-uvicorn); and its two commands, `runwatch pager` (follow.py) and `runwatch pager-serve`
+uvicorn); and its two commands, `runwatch pager` (pager.py) and `runwatch pager-serve`
 (pager_serve.py).
 
 Stands alone: it talks to the lab over HTTP and imports only runwatch.core's command

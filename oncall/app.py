@@ -38,7 +38,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from runwatch.core.addresses import host_allowed, served_hosts
-from runwatch.core.names import RUNBOOK_BASE
+from runwatch.core.names import LOOPBACK, RUNBOOK_BASE
 from runwatch.oncall.incidents import incidents
 from runwatch.oncall.metrics import PagerMetrics
 from runwatch.oncall.page_log import PageLog, read_log, read_pages
@@ -82,7 +82,7 @@ class Pager:
 
     def __init__(self, log: PageLog, metrics: PagerMetrics, max_body: int = 1 << 20,
                  clock: Callable[[], float] = time.time, runbooks: Path | None = None, prometheus: str = "",
-                 hosts: frozenset[str] = served_hosts("127.0.0.1", 0), token: str | None = None,
+                 hosts: frozenset[str] = served_hosts(LOOPBACK, 0), token: str | None = None,
                  watchdog_timeout: float = WATCHDOG_TIMEOUT_S) -> None:  # fmt: skip
         self.log, self.metrics = log, metrics
         self.max_body, self.clock, self.runbooks, self.prometheus = max_body, clock, runbooks, prometheus

@@ -51,7 +51,7 @@ COMMANDS: list[tuple[str, str, str, str]] = [
 # and function: only the one asked for is imported, so `runwatch probe`, a healthcheck run every
 # few seconds, loads nothing but the standard library.
 DELEGATED = {
-    "pager": ("runwatch.oncall.follow", "main"),
+    "pager": ("runwatch.oncall.pager", "main"),
     "pager-serve": ("runwatch.oncall.pager_serve", "main"),
     "console": ("runwatch.console.serve", "main"),
     "probe": ("runwatch.probe", "main"),

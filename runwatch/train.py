@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument(
         "--port", type=number(int, 0, 65535), default=PORTS["trainer"], help="/metrics port on 127.0.0.1 (live)"
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to serve /metrics on (live)")
+    p.add_argument("--host", default=LOOPBACK, help="address to serve /metrics on (live)")
     p.add_argument("--fast-forward", type=STEP, default=0, metavar="STEP", help="train steps 0..STEP-1 unpaced first")
     p.add_argument("--run-dir", type=Path, default=None, help="where run.json goes (default runs/RUN_ID)")
     p.add_argument(

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import psutil
@@ -26,7 +25,7 @@ from runwatch.trainer.config import INCIDENTS, ConfigError, TrainConfig
 from runwatch.trainer.faults import fault_of
 from runwatch.trainer.gpu import NOMINAL_SM_MHZ, gpu_index, gpu_state, gpu_uuid, node_of
 from runwatch.trainer.run import Trainer, compute_seconds, step_durations, struck_rank
-from tests.conftest import need, runwatch, wait_for
+from tests.conftest import holds, need, runwatch, wait_for
 
 
 def test_the_ranks_shares_average_to_the_whole_batchs_gradient():
@@ -437,11 +436,12 @@ def test_watched_ranks_hold_together_while_prometheus_is_away_and_a_hang_still_h
     launcher restarts it, whose ranks wait for Prometheus's scrapes again and complete the run."""
     assert (fault_of(TrainConfig(ranks=2, incident="hang", seed=2, onset=50)).step, 1) == (72, 1)
     job, launcher, base = free_port(), free_port(), free_ports_in_a_row(2)
+    watchdog_s = 6  # the ranks' --watchdog-seconds: a rank outside an exchange this long ends the job
     proc = subprocess.Popen(
         [sys.executable, "-m", "runwatch", "train", "--port", str(job), "--rank-port-base", str(base),
          "--launcher-port", str(launcher), "--run-id", "rk", "--run-dir", str(tmp_path / "run"), "--ranks", "2",
          "--incident", "hang", "--seed", "2", "--onset", "50", "--steps", "100", "--step-seconds", "0.1",
-         "--watchdog-seconds", "6", "--restart-seconds", "1", "--hold", "30", "--wait-for-prometheus"],
+         "--watchdog-seconds", str(watchdog_s), "--restart-seconds", "1", "--hold", "30", "--wait-for-prometheus"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     seen: list[str] = []
@@ -460,7 +460,7 @@ def test_watched_ranks_hold_together_while_prometheus_is_away_and_a_hang_still_h
             try:
                 # Held within the grace after the last scrape (1 s before the stop at most), once
                 # the step under way ends: a step outlasting the watchdog's 6 s would end the job.
-                bound = WATCH_GRACE_S + 1 + 6
+                bound = WATCH_GRACE_S + 1 + watchdog_s
                 try:
                     wait_for(lambda: all(json.loads(r.read_text()).get("paused_since") for r in records), bound,
                              "both to hold")  # fmt: skip
@@ -471,8 +471,9 @@ def test_watched_ranks_hold_together_while_prometheus_is_away_and_a_hang_still_h
                     pytest.fail(f"the ranks did not both hold within {bound} s: {states}\n{''.join(seen)}{out}{err}")
                 held = [json.loads(r.read_text())["last_step"] for r in records]
                 assert held[0] == held[1] and held[0] < 72, held  # together, before the hang's step
-                time.sleep(6 + 2)  # past the watchdog's 6 s: a held rank is in no exchange
-                assert [json.loads(r.read_text())["last_step"] for r in records] == held
+                # past the watchdog's time: a held rank is in no exchange, and none moves on
+                holds(lambda: [json.loads(r.read_text())["last_step"] for r in records] == held, watchdog_s + 2,
+                      "both ranks held at one step")  # fmt: skip
             finally:
                 prom.proc.send_signal(signal.SIGCONT)
             read_until(proc, "run rk: completed", seen)

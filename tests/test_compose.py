@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from runwatch.core.paths import REPO
-from runwatch.lab.supervise import ALERTMANAGER_FLAGS, PROMETHEUS_FLAGS, loopback
+from runwatch.lab.argv import ALERTMANAGER_FLAGS, PROMETHEUS_FLAGS
+from runwatch.lab.render import loopback
 from tests.conftest import runwatch
 
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())

@@ -186,8 +186,10 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
     wait_for(lambda: stack.healthy("trainer") and stack.healthy("pager"), 120, "trainer and pager to be healthy")
     run_id = stack.run_id()
     assert re.fullmatch(r"corrupt_shard-0-\d{6}", run_id), run_id  # each compose run has an id of its own
-    time.sleep(20)  # the trainer waits for Prometheus; a slow host would start it this late
-    assert "waiting for Prometheus" in stack.compose("logs", "trainer")
+    # Prometheus is started only once the trainer says it waits for it, as on a slow host that
+    # starts Prometheus after the trainer: not after a guessed number of seconds
+    waiting = "waiting for Prometheus"
+    wait_for(lambda: waiting in stack.compose("logs", "trainer"), 120, "the trainer to wait for Prometheus")
     stack.compose("up", "-d", "prometheus", "console", env=INCIDENT)
     for alert in ("TrainingLossJump", "GradientNormJump"):
         page = wait_for(lambda a=alert: stack.pages(a, run_id), 120, f"a {alert} page")[0]

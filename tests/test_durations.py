@@ -125,3 +125,59 @@ def test_there_is_one_parser_of_a_duration():
         if UNIT_TABLE.search(line)
     ]
     assert not found, f"a second duration parser: {found}; use runwatch.core.durations"
+
+
+# Reading a route's timing out of alertmanager.yml's mapping: route.get("group_wait", ...),
+# route["group_interval"], or a table of defaults {"repeat_interval": "4h"}.
+ROUTE_TIMING = re.compile(
+    r"""(?:get\(\s*|\[\s*|^\s*|[{,]\s*)["'](?:group_wait|group_interval|repeat_interval)["']\s*[\]:,)]"""
+)
+
+
+def test_the_route_timing_reader_sees_each_way_of_reading_one():
+    seen = [
+        'route.get("group_wait", wait)',
+        "root['group_interval']",
+        '{"repeat_interval": "4h"}',
+        '"group_wait": "0s",',
+    ]
+    assert all(ROUTE_TIMING.search(line) for line in seen)
+    assert not ROUTE_TIMING.search('r.seconds("group_wait")') and not ROUTE_TIMING.search("# group_wait 0 s")
+
+
+def test_there_is_one_reader_of_alertmanager_s_route_timings():
+    """Anywhere but runwatch/drill/routes.py, reading group_wait, group_interval or repeat_interval
+    out of alertmanager.yml is a second resolver of Alertmanager's inheritance: the drill's had two,
+    one following only the root's group_wait and the other only group_wait and group_interval."""
+    folders = ("runwatch", "trainer", "exporter", "oncall", "console", "grafana", "prometheus", "benchmarks")
+    found = [
+        f"{path.relative_to(REPO)}:{n}"
+        for folder in folders
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if path != REPO / "runwatch" / "drill" / "routes.py"
+        for n, line in enumerate(path.read_text().splitlines(), start=1)
+        if ROUTE_TIMING.search(line)
+    ]
+    assert not found, f"a second reader of Alertmanager's route timings: {found}; use runwatch.drill.routes"
+
+
+def test_a_route_inherits_its_parent_s_timings_and_the_root_alertmanager_s_defaults(tmp_path):
+    from runwatch.drill.routes import route_for, routes
+
+    am = tmp_path / "am.yml"
+    am.write_text(
+        "route:\n  receiver: x\n  group_interval: 1m\n  routes:\n"
+        "    - matchers: ['severity=\"warning\"']\n      receiver: y\n      group_wait: 5s\n      routes:\n"
+        "        - receiver: z\n          repeat_interval: 1d\n"
+        "    - matchers: ['severity=~\"critical|page\"']\n      receiver: x\n"
+    )
+    every = routes(am)
+    assert [r.depth for r in every] == [0, 1, 2, 1]
+    assert [r.timings for r in every[:3]] == [
+        {"group_wait": "30s", "group_interval": "1m", "repeat_interval": "4h"},
+        {"group_wait": "5s", "group_interval": "1m", "repeat_interval": "4h"},
+        {"group_wait": "5s", "group_interval": "1m", "repeat_interval": "1d"},
+    ]
+    assert route_for("warning", am).seconds("group_wait") == 5
+    assert route_for("page", am).seconds("group_wait") == 30
+    assert route_for("info", am) == every[0]

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from runwatch.oncall.follow import format_page
-from runwatch.oncall.follow import main as pager_main
 from runwatch.oncall.incidents import incidents, time_to_ack
 from runwatch.oncall.page_log import PageLog, read_incidents, read_log, read_pages
+from runwatch.oncall.pager import format_page
+from runwatch.oncall.pager import main as pager_main
 from runwatch.oncall.server import make_server
 from tests.test_pager import NOW, alert, payload
 

@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from runwatch.core.addresses import DEFAULT_PORTS
 from runwatch.core.durations import duration_seconds
 from runwatch.core.names import RUNBOOK_BASE
-from runwatch.lab.supervise import Component, Lab
+from runwatch.lab.argv import Component
+from runwatch.lab.supervise import Lab
 from runwatch.oncall.page_log import read_pages
 from runwatch.oncall.records import received_time
 from runwatch.oncall.watchdog import WATCHDOG_TIMEOUT_S

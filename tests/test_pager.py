@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from runwatch.core.paths import REPO
-from runwatch.oncall.follow import follow, format_page, main
 from runwatch.oncall.page_log import read_pages
+from runwatch.oncall.pager import follow, format_page, main
 from runwatch.oncall.pager_serve import main as serve_main
 from runwatch.oncall.prometheus import RULES_TIMEOUT_S
 from runwatch.oncall.records import rfc3339_ms

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import requests
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from runwatch.exporter.server import start
+from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.sealed import unseal
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -112,10 +114,20 @@ def start_live(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
     pytest.fail(f"trainer never served a step: {proc.stderr.read()}")
 
 
+def served_step(url: str) -> float:
+    """The step the trainer serves (its runwatch_train_step), -1 before it serves one."""
+    text = requests.get(url, timeout=5).text
+    families = text_string_to_metric_families(text)
+    return max((s.value for f in families for s in f.samples if s.name == "runwatch_train_step"), default=-1)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_stops_cleanly_with_run_json_complete(tmp_path, sig):
-    proc, _ = start_live(tmp_path, "--incident", "slow_node", "--fast-forward", "100")
-    time.sleep(1.5)
+    proc, url = start_live(tmp_path, "--incident", "slow_node", "--fast-forward", "100")
+    # a live step after the first it served: the run is in its paced loop, where an interrupt
+    # must end it cleanly (one step a lab second, before the slow node's onset)
+    first = served_step(url)
+    wait_for(lambda: served_step(url) > first, 5 * TrainConfig().step_seconds, "a live step")
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=10)
     assert "Traceback" not in err, err

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from runwatch.oncall.follow import UNPAGED_AFTER_S, Unpaged
+from runwatch.oncall.pager import UNPAGED_AFTER_S, Unpaged
 from runwatch.oncall.records import rfc3339_ms
 from runwatch.prom.server import Process, free_port, prometheus_argv
 from tests.conftest import need

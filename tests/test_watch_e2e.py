@@ -23,7 +23,8 @@ import yaml
 from runwatch.backtest.signatures import PLATE_READOUTS, SIGNATURES
 from runwatch.core.durations import duration_seconds
 from runwatch.core.names import FIRST_FIRED, WATCH_GRACE_S
-from runwatch.lab.supervise import Component, Lab
+from runwatch.lab.argv import Component
+from runwatch.lab.supervise import Lab
 from runwatch.prom.server import instant, query_range
 from runwatch.trainer.config import TrainConfig
 from tests.conftest import holds, wait_for

@@ -7,7 +7,7 @@ what the drill hid so the console's plate can show it afterwards:
   definition of each incident (`trainer.run.incident_active`), as the plate shades them;
 - `detection_par(incident, layout)`: how soon after the onset the lab pages this incident at best:
   the plate's window for its first alert (runwatch.backtest.signatures, which the backtest holds
-  the rules to), in lab seconds, plus the group_wait of that alert's route in alertmanager.yml;
+  the rules to), in lab seconds, plus the group_wait of that alert's route in alertmanager.yml (runwatch.drill.routes);
 - `response_par(incident, layout)`: how soon after the first page a learner who reads what the
   lab gives them acks and diagnoses: the first alert's runbook read at READING_WPM (ack), then its
   table of incidents (diagnosis), and never before the incident's signature has paged in full;
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import re
 import statistics
-from pathlib import Path
 
 import requests
 import yaml
@@ -34,6 +33,7 @@ import yaml
 from runwatch.backtest.signatures import CLUSTER_SIGNATURES, FAULT_SIGNATURES, SIGNATURES
 from runwatch.core.durations import duration_seconds
 from runwatch.core.paths import Layout
+from runwatch.drill.routes import route_for
 from runwatch.prom.server import PromQLError, instant, quoted
 from runwatch.trainer.config import ConfigError, TrainConfig
 from runwatch.trainer.run import incident_active
@@ -70,9 +70,9 @@ def windows(answer: dict, ranks: int = 1) -> list[list[int]]:
 
 
 def seconds(text: object) -> float:
-    """A configuration's Prometheus duration (`5s`, `1m30s`) in seconds: runwatch.core.durations'
-    grammar, the one every reader shares."""
-    return duration_seconds(str(text), "a duration in prometheus.yml or alertmanager.yml")
+    """A duration of prometheus.yml's (`5s`, `1m30s`) in seconds: runwatch.core.durations'
+    grammar, the one every reader shares (alertmanager.yml's are runwatch.drill.routes')."""
+    return duration_seconds(str(text), "a duration in prometheus.yml")
 
 
 def severity(alert: str, layout: Layout) -> str:
@@ -83,19 +83,6 @@ def severity(alert: str, layout: Layout) -> str:
                 if rule.get("alert") == alert:
                     return str((rule.get("labels") or {}).get("severity", ""))
     return ""
-
-
-def group_wait_s(alert_severity: str, alertmanager_yml: Path) -> float:
-    """The group_wait of the first route whose severity matcher takes this severity (else the
-    root's): how long Alertmanager holds a new group before its first page."""
-    root = yaml.safe_load(alertmanager_yml.read_text())["route"]
-    wait = root.get("group_wait", "30s")  # Alertmanager's default
-    for route in root.get("routes") or []:
-        for matcher in route.get("matchers") or []:
-            m = re.fullmatch(r'\s*severity\s*(=~|=)\s*"([^"]*)"\s*', str(matcher))
-            if m and (alert_severity == m[2] if m[1] == "=" else re.fullmatch(m[2], alert_severity)):
-                return seconds(route.get("group_wait", wait))
-    return seconds(wait)
 
 
 def step_seconds(incident: str) -> float:
@@ -113,7 +100,7 @@ def detection_par(incident: str, layout: Layout | None = None) -> tuple[float, s
     onset = TrainConfig().onset  # the signatures' windows are for the default onset
     hi, alert = min((e.fires[1], a) for a, e in expects.items() if e.fires is not None)
     step_s = step_seconds(incident)
-    wait = group_wait_s(severity(alert, layout), layout.alertmanager_yml)
+    wait = route_for(severity(alert, layout), layout.alertmanager_yml).seconds("group_wait")
     # the step's scrape is evaluated within one evaluation interval (prometheus.yml)
     evaluation = seconds(yaml.safe_load(layout.prometheus_yml.read_text())["global"]["evaluation_interval"])
     par = round((hi - onset) * step_s + evaluation + wait, 1)
@@ -157,7 +144,7 @@ def response_par(incident: str, layout: Layout | None = None) -> dict[str, tuple
     alertmanager_yml = layout.alertmanager_yml
 
     def paged(a: str, at: int) -> float:
-        return at * step_seconds(incident) + group_wait_s(severity(a, layout), alertmanager_yml)
+        return at * step_seconds(incident) + route_for(severity(a, layout), alertmanager_yml).seconds("group_wait")
 
     complete = round(max(0.0, paged(last, last_hi) - paged(alert, hi)), 1)
     read_on = round(ack + reading_s(table), 1)

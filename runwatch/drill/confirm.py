@@ -9,21 +9,18 @@ window in which Alertmanager may send it (not an alert decision: Prometheus made
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import requests
 
-from runwatch.core.durations import duration_seconds
+from runwatch.drill.routes import DEFAULTS, Route, routes
 from runwatch.lab import supervise as lab_mod
+from runwatch.lab.argv import RESEND_DELAY_S
 from runwatch.oncall.page_log import read_pages
 from runwatch.oncall.records import received_time
 from runwatch.prom.server import PromQLError, instant, quoted
 
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-RESEND_DELAY_S = 2  # Prometheus's --rules.alert.resend-delay in the lab (supervise.PROMETHEUS_FLAGS)
 
 
 def notification_window_s(alertmanager_yml: Path) -> float:
@@ -32,32 +29,18 @@ def notification_window_s(alertmanager_yml: Path) -> float:
     group_interval is also when it retries a page the pager did not take), plus Prometheus's
     resend delay. A page that arrives later than this after its alert last fired was not sent for it.
 
-    The routes' timings are read from the file, with Alertmanager's inheritance (a route without
-    its own takes its parent's; the root, Alertmanager's defaults): Alertmanager resolves them
-    only inside its dispatcher. Neither its API (/api/v2/status gives the configuration as
-    written, without even the root's defaults) nor `amtool config routes` (matchers and
-    receivers only, in every output format) says what a route's group_wait is in force, so
-    there is nothing to ask. A duration that is not one is a one-line error naming the file.
+    The routes' timings are those in force, with Alertmanager's inheritance (runwatch.drill.routes);
+    an unreadable file counts as Alertmanager's defaults. A duration that is not one is a one-line
+    error naming the file.
     """
     import yaml
 
-    def seconds(text: object, key: str) -> float:
-        return duration_seconds(str(text), f"{alertmanager_yml}: route's {key}")
-
-    def routes(route: dict, inherited: dict) -> Iterator[dict]:
-        """Each route with the timings it has: its own, else its parent's (as Alertmanager reads them)."""
-        own = {**inherited, **{k: route[k] for k in ("group_wait", "group_interval") if k in route}}
-        yield own
-        for child in route.get("routes") or []:
-            yield from routes(child, own)
-
-    defaults = {"group_wait": "30s", "group_interval": "5m"}  # Alertmanager's
     try:
-        every = list(routes(yaml.safe_load(Path(alertmanager_yml).read_text())["route"], defaults))
+        every = routes(alertmanager_yml)
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
-        every = [defaults]
-    wait = max(seconds(r["group_wait"], "group_wait") for r in every)
-    interval = max(seconds(r["group_interval"], "group_interval") for r in every)
+        every = [Route(Path(alertmanager_yml), (), DEFAULTS, 0)]
+    wait = max(r.seconds("group_wait") for r in every)
+    interval = max(r.seconds("group_interval") for r in every)
     return wait + interval + RESEND_DELAY_S
 
 

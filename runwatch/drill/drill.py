@@ -22,7 +22,7 @@ import shlex
 
 from runwatch.core.command import Command, UsageError, add_state_dir, number, read_json, state_flag
 from runwatch.drill.record import Drill, now
-from runwatch.lab import supervise as lab_mod
+from runwatch.lab.up import add_ports, up
 from runwatch.trainer.config import DIFFICULTIES, MAX_RANKS, SEED, STEP, onset_range
 
 
@@ -44,7 +44,7 @@ def drill(args: argparse.Namespace) -> int:
         ranks=args.ranks, ports=args.ports, no_wait_for_prometheus=False,  # a drill's incident must be seen
         difficulty=args.difficulty,
     )  # fmt: skip
-    lab_mod.up(up_args)
+    up(up_args)
     run_id = read_json(d.lab.state / "lab.json", "the lab's record")["run_id"]  # bounded (issue 40)
     d.save({"run_id": run_id, "started_at": now(), "acks": [], "diagnosis": None, "ranks": args.ranks,
             "difficulty": args.difficulty})  # fmt: skip
@@ -70,5 +70,5 @@ def add_drill(p: argparse.ArgumentParser) -> Command:
         help="easy: never a healthy run; normal: a healthy run one drill in ten; "
         "hard: weaker incidents (strength 0.3-1), an onset anywhere in 150-450",
     )  # fmt: skip
-    lab_mod.add_ports(p)
+    add_ports(p)
     return drill

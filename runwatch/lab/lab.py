@@ -30,7 +30,9 @@ import requests
 from runwatch.core.addresses import DEFAULT_PORTS
 from runwatch.core.command import Command, add_state_dir, number, read_json
 from runwatch.core.paths import Layout
-from runwatch.lab.supervise import QUERY_TIMEOUT_S, Lab, add_ports, up
+from runwatch.lab.argv import QUERY_TIMEOUT_S
+from runwatch.lab.supervise import Lab
+from runwatch.lab.up import add_ports, up
 from runwatch.lab.watched import check_watch, watch_targets
 from runwatch.prom.checks import evaluation_problems, run_all
 from runwatch.prom.edits import check_edit
