@@ -4,6 +4,7 @@ by one Prometheus or by hashmod-sharded agents remote-writing to a receiver, thr
 
     python benchmarks/bench_scale.py --ranks 512 [--topology sharded] [--scrape 5] [--eval 1] [--healthy 120]
     python benchmarks/bench_scale.py --ranks 64,512,4096 --out bench_scale.json
+    python benchmarks/bench_scale.py --ranks 4096 --healthy 3600 --faults none   # the soak: an hour, no fault
 
 For each N, after the rules have every rank's history: a healthy stretch (every page in it is a
 false page), then each fault `--repeats` times on a random rank, timed from the fleet's onset to
@@ -39,7 +40,7 @@ from runwatch.lab.supervise import PORTS, loopback
 from runwatch.oncall.page_log import read_pages
 from runwatch.oncall.records import received_time
 from runwatch.prom.server import Process, free_port
-from runwatch.prom.tools import binary
+from runwatch.prom.tools import alertmanager_launch, binary
 
 # fault -> (the alert it must page, the labels that must name it, the alert's for: in seconds)
 FAULTS = {
@@ -120,7 +121,8 @@ def start_alertmanager(stack: ExitStack, state: Path, pager: str) -> str:
     config = state / "alertmanager.yml"
     config.write_text(loopback((REPO / "alertmanager" / "alertmanager.yml").read_text(),
                                {**PORTS, "pager": int(pager.rsplit(":", 1)[1])}))  # fmt: skip
-    argv = [binary("alertmanager"), f"--config.file={config}", f"--storage.path={state / 'am-data'}",
+    am = binary("alertmanager")
+    argv = [*alertmanager_launch(am), am, f"--config.file={config}", f"--storage.path={state / 'am-data'}",
             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="]  # fmt: skip
     stack.enter_context(Process(argv, f"http://127.0.0.1:{port}/-/ready", state / "alertmanager.log"))
     return f"http://127.0.0.1:{port}"
@@ -148,6 +150,19 @@ def history(lab: FleetLab, ranks: int, timeout: float) -> None:
             return bool(got) and int(float(got[0]["value"][1])) >= ranks
 
         wait_until(full, timeout, rule)
+
+
+def healthy(log: Path, since: float, seconds: float, sampler: Sampler) -> None:
+    """Sleep through the healthy stretch, with one line a minute: pages so far (every one false)
+    and the cluster group's last time, so that a soak's log says when anything went wrong."""
+    end = since + seconds
+    while (left := end - time.time()) > 0:
+        time.sleep(min(60.0, left))
+        pages = [p for p in read_pages(log) if p["status"] == "firing" and (received_time(p) or 0) >= since]
+        last = sampler.rows[-1]["groups"] if sampler.rows else {}
+        times = ", ".join(f"{g} {1000 * v:.0f} ms" for g, v in sorted(last.items()))
+        alerts = f" {sorted({p['alert'] for p in pages})}" if pages else ""
+        print(f"  healthy {time.time() - since:6.0f} s: {len(pages)} false page(s){alerts}; last {times}", flush=True)
 
 
 def page_for(log: Path, alert: str, labels: dict[str, str], after: float) -> float | None:
@@ -243,7 +258,7 @@ def one_n(args: argparse.Namespace, ranks: int, state: Path) -> dict:
         history(lab, ranks, 120 + 2 * args.scrape)
         print(f"{ranks} ranks ({args.topology}): history in; healthy for {args.healthy:g} s", flush=True)
         healthy_from = time.time()
-        time.sleep(args.healthy)
+        healthy(log, healthy_from, args.healthy, sampler)
         healthy_to = time.time()
         false_pages = [p for p in read_pages(log) if p["status"] == "firing"
                        and healthy_from <= (received_time(p) or 0) <= healthy_to]  # fmt: skip
@@ -263,7 +278,9 @@ def one_n(args: argparse.Namespace, ranks: int, state: Path) -> dict:
 
 def table(r: dict, scrape_s: float, eval_s: float) -> str:
     lines = [f"### {r['ranks']} ranks, {r['topology']}, scrape {scrape_s:g} s, runwatch-cluster every {eval_s:g} s",
-             "", "| fault | alert | p50 s | p95 s | n | bound s |", "|---|---|---|---|---|---|"]  # fmt: skip
+             ""]  # fmt: skip
+    if r["latency_s"]:  # a soak (--faults none) has no fault to time
+        lines += ["| fault | alert | p50 s | p95 s | n | bound s |", "|---|---|---|---|---|---|"]
     for kind, xs in r["latency_s"].items():
         if kind.endswith(" missed"):
             lines.append(f"| {kind} | no page within {xs[0]:g} s | | | {len(xs)} | |")
@@ -321,7 +338,8 @@ def parse() -> argparse.Namespace:
         default=1 / 0.7,
         help="a straggler's step time over its own healthy one (default 1/0.7, the lab's)",
     )
-    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
+    p.add_argument("--faults", default=",".join(FAULTS),
+                   help=f"comma-separated, of {', '.join(FAULTS)}; or none: a soak (--healthy 3600)")  # fmt: skip
     p.add_argument("--fault-timeout", type=float, default=120.0, help="seconds to wait for a fault's page")
     p.add_argument("--out", type=Path, help="write the results as JSON here too")
     args = p.parse_args()
@@ -331,7 +349,7 @@ def parse() -> argparse.Namespace:
         p.error(f"--ranks: comma-separated integers, got {args.ranks!r}")
     if any(n < RANKS_PER_NODE or n % RANKS_PER_NODE for n in args.ranks):
         p.error(f"--ranks: each a multiple of {RANKS_PER_NODE}, got {args.ranks}")
-    args.faults = args.faults.split(",")
+    args.faults = [] if args.faults == "none" else args.faults.split(",")
     if unknown := set(args.faults) - set(FAULTS):
         p.error(f"--faults: unknown {sorted(unknown)}; known: {', '.join(FAULTS)}")
     return args
