@@ -254,8 +254,9 @@ def one_n(args: argparse.Namespace, ranks: int, state: Path) -> dict:
         sampler = Sampler(lab)
         thread = threading.Thread(target=sampler.run, daemon=True)
         thread.start()
-        # runwatch-cluster-10m evaluates every 30 s: its first record within one interval, and a scrape
-        history(lab, ranks, 120 + 2 * args.scrape)
+        # runwatch-cluster-10m evaluates every 30 s: its first record within one interval, and a scrape;
+        # a server busy with other work takes longer to scrape every node (--history-timeout)
+        history(lab, ranks, args.history_timeout)
         print(f"{ranks} ranks ({args.topology}): history in; healthy for {args.healthy:g} s", flush=True)
         healthy_from = time.time()
         healthy(log, healthy_from, args.healthy, sampler)
@@ -341,6 +342,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--faults", default=",".join(FAULTS),
                    help=f"comma-separated, of {', '.join(FAULTS)}; or none: a soak (--healthy 3600)")  # fmt: skip
     p.add_argument("--fault-timeout", type=float, default=120.0, help="seconds to wait for a fault's page")
+    p.add_argument("--history-timeout", type=float, default=300.0,
+                   help="seconds to wait for every rank's median and every GPU's peak (default 300)")  # fmt: skip
     p.add_argument("--out", type=Path, help="write the results as JSON here too")
     p.add_argument("--rules", type=Path, default=CLUSTER_RULES,
                    help="the rule file (default prometheus/rules/cluster.yml), or another commit's")  # fmt: skip
