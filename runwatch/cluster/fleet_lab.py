@@ -147,7 +147,8 @@ class FleetLab:
     def fault(self, kind: str, rank: int = 0, **params: float) -> float:
         """Inject a fault now; its onset as the fleet recorded it (Unix time)."""
         query = {"kind": kind, "rank": rank, **params}
-        resp = requests.post(f"{self.fleet_url}/fault", params=query, timeout=10)
+        # the onset is the fleet's own clock, so a slow answer (a busy machine) does not skew it
+        resp = requests.post(f"{self.fleet_url}/fault", params=query, timeout=60)
         resp.raise_for_status()
         return float(resp.json()["onset"])
 
