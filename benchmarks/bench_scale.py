@@ -144,10 +144,17 @@ def wait_until(pred, timeout: float, what: str):
 def history(lab: FleetLab, ranks: int, timeout: float) -> None:
     """Until every rank has its median and every GPU its recorded 10-minute peak."""
     for rule in ("rank:runwatch_rank_last_compute_seconds:median30s", "gpu:dcgm_fi_dev_sm_clock:max10m"):
+        said = [time.monotonic()]
 
-        def full(rule=rule) -> bool:
+        def full(rule=rule, said=said) -> bool:
             got = query(lab, f"count({rule})")
-            return bool(got) and int(float(got[0]["value"][1])) >= ranks
+            have = int(float(got[0]["value"][1])) if got else 0
+            if time.monotonic() - said[0] > 30:  # a slow start says how far it has got
+                up = query(lab, 'count(up{job="nodes"} == 1)')
+                print(f"  history: {have} of {ranks} ranks have {rule}; {up[0]['value'][1] if up else 0} nodes up",
+                      flush=True)  # fmt: skip
+                said[0] = time.monotonic()
+            return have >= ranks
 
         wait_until(full, timeout, rule)
 
