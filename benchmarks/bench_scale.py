@@ -4,6 +4,7 @@ by one Prometheus or by hashmod-sharded agents remote-writing to a receiver, thr
 
     python benchmarks/bench_scale.py --ranks 512 [--topology sharded] [--scrape 5] [--eval 1] [--healthy 120]
     python benchmarks/bench_scale.py --ranks 64,512,4096 --out bench_scale.json
+    python benchmarks/bench_scale.py --ranks 4096 --healthy 3600 --faults none   # the soak: an hour, no fault
 
 For each N, after the rules have every rank's history: a healthy stretch (every page in it is a
 false page), then each fault `--repeats` times on a random rank, timed from the fleet's onset to
@@ -40,7 +41,7 @@ from runwatch.lab.render import loopback
 from runwatch.oncall.page_log import read_pages
 from runwatch.oncall.records import received_time
 from runwatch.prom.server import Process, free_port
-from runwatch.prom.tools import binary
+from runwatch.prom.tools import alertmanager_launch, binary
 
 # fault -> (the alert it must page, the labels that must name it, the alert's for: in seconds)
 FAULTS = {
@@ -121,7 +122,8 @@ def start_alertmanager(stack: ExitStack, state: Path, pager: str) -> str:
     config = state / "alertmanager.yml"
     config.write_text(loopback((REPO / "alertmanager" / "alertmanager.yml").read_text(),
                                {**PORTS, "pager": int(pager.rsplit(":", 1)[1])}))  # fmt: skip
-    argv = [binary("alertmanager"), f"--config.file={config}", f"--storage.path={state / 'am-data'}",
+    am = binary("alertmanager")
+    argv = [*alertmanager_launch(am), am, f"--config.file={config}", f"--storage.path={state / 'am-data'}",
             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="]  # fmt: skip
     stack.enter_context(Process(argv, f"http://127.0.0.1:{port}/-/ready", state / "alertmanager.log"))
     return f"http://127.0.0.1:{port}"
@@ -143,12 +145,32 @@ def wait_until(pred, timeout: float, what: str):
 def history(lab: FleetLab, ranks: int, timeout: float) -> None:
     """Until every rank has its median and every GPU its recorded 10-minute peak."""
     for rule in ("rank:runwatch_rank_last_compute_seconds:median30s", "gpu:dcgm_fi_dev_sm_clock:max10m"):
+        said = [time.monotonic()]
 
-        def full(rule=rule) -> bool:
+        def full(rule=rule, said=said) -> bool:
             got = query(lab, f"count({rule})")
-            return bool(got) and int(float(got[0]["value"][1])) >= ranks
+            have = int(float(got[0]["value"][1])) if got else 0
+            if time.monotonic() - said[0] > 30:  # a slow start says how far it has got
+                up = query(lab, 'count(up{job="nodes"} == 1)')
+                print(f"  history: {have} of {ranks} ranks have {rule}; {up[0]['value'][1] if up else 0} nodes up",
+                      flush=True)  # fmt: skip
+                said[0] = time.monotonic()
+            return have >= ranks
 
         wait_until(full, timeout, rule)
+
+
+def healthy(log: Path, since: float, seconds: float, sampler: Sampler) -> None:
+    """Sleep through the healthy stretch, with one line a minute: pages so far (every one false)
+    and the cluster group's last time, so that a soak's log says when anything went wrong."""
+    end = since + seconds
+    while (left := end - time.time()) > 0:
+        time.sleep(min(60.0, left))
+        pages = [p for p in read_pages(log) if p["status"] == "firing" and (received_time(p) or 0) >= since]
+        last = sampler.rows[-1]["groups"] if sampler.rows else {}
+        times = ", ".join(f"{g} {1000 * v:.0f} ms" for g, v in sorted(last.items()))
+        alerts = f" {sorted({p['alert'] for p in pages})}" if pages else ""
+        print(f"  healthy {time.time() - since:6.0f} s: {len(pages)} false page(s){alerts}; last {times}", flush=True)
 
 
 def page_for(log: Path, alert: str, labels: dict[str, str], after: float) -> float | None:
@@ -191,6 +213,30 @@ def faults(lab: FleetLab, log: Path, args: argparse.Namespace, rng: random.Rando
     return out
 
 
+def rule_costs(lab: FleetLab, rules: Path, eval_s: float, repeats: int = 5) -> dict:
+    """Each 1 s group's cost a cycle apart from waiting for a core: every rule's expression run
+    `repeats` times through the query API with stats=all. The samples a rule touches do not
+    depend on the machine's load; the least of its evaluation times is the nearest this machine
+    comes to an uncontended one. Summed over the group's rules."""
+    import yaml
+
+    out = {}
+    for group in yaml.safe_load(rules.read_text())["groups"]:
+        if group.get("interval") not in ("1s", f"{eval_s:g}s"):
+            continue
+        samples, best = 0, 0.0
+        for rule in group["rules"]:
+            times = []
+            for _ in range(repeats):
+                resp = requests.get(f"{lab.rules_url}/api/v1/query", params={"query": rule["expr"], "stats": "all"},
+                                    timeout=60).json()["data"]["stats"]  # fmt: skip
+                times.append(resp["timings"]["evalTotalTime"])
+            samples += resp["samples"]["totalQueryableSamples"]
+            best += min(times)
+        out[group["name"]] = {"samples": samples, "best_ms": 1000 * best}
+    return out
+
+
 def percentile(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
@@ -214,14 +260,14 @@ def summarise(rows: list[dict], healthy_from: float, healthy_to: float) -> dict:
     }  # fmt: skip
 
 
-def rules_at(state: Path, eval_s: float) -> Path:
-    """cluster.yml with runwatch-cluster evaluated every eval_s instead of the lab's 1 s: a copy
-    rendered for this run only, every rule as it is."""
+def rules_at(state: Path, eval_s: float, source: Path = CLUSTER_RULES) -> Path:
+    """cluster.yml with its groups paced at the lab's 1 s evaluated every eval_s instead, as the
+    chart's fleet.evaluationInterval renders it: a copy for this run only, every rule as it is."""
     import yaml
 
-    doc = yaml.safe_load(CLUSTER_RULES.read_text())
+    doc = yaml.safe_load(source.read_text())
     for group in doc["groups"]:
-        if group["name"] == "runwatch-cluster":
+        if group.get("interval") == "1s":
             group["interval"] = f"{eval_s:g}s"
     path = state / "cluster.yml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
@@ -233,22 +279,24 @@ def one_n(args: argparse.Namespace, ranks: int, state: Path) -> dict:
     with ExitStack() as stack:
         pager, log = start_pager(stack, state)
         am = start_alertmanager(stack, state, pager)
-        rules = [CLUSTER_RULES if args.eval == 1 else rules_at(state, args.eval)]
+        rules = [args.rules if args.eval == 1 else rules_at(state, args.eval, args.rules)]
         lab = stack.enter_context(FleetLab(state / "fleet", binary("prometheus"), ranks=ranks, scrape_s=args.scrape,
                                            eval_s=args.eval, topology=args.topology, shards=args.shards,
                                            rules=rules, alertmanager=am))  # fmt: skip
         sampler = Sampler(lab)
         thread = threading.Thread(target=sampler.run, daemon=True)
         thread.start()
-        # runwatch-cluster-10m evaluates every 30 s: its first record within one interval, and a scrape
-        history(lab, ranks, 120 + 2 * args.scrape)
+        # runwatch-cluster-10m evaluates every 30 s: its first record within one interval, and a scrape;
+        # a server busy with other work takes longer to scrape every node (--history-timeout)
+        history(lab, ranks, args.history_timeout)
         print(f"{ranks} ranks ({args.topology}): history in; healthy for {args.healthy:g} s", flush=True)
         healthy_from = time.time()
-        time.sleep(args.healthy)
+        healthy(log, healthy_from, args.healthy, sampler)
         healthy_to = time.time()
         false_pages = [p for p in read_pages(log) if p["status"] == "firing"
                        and healthy_from <= (received_time(p) or 0) <= healthy_to]  # fmt: skip
         latencies = faults(lab, log, args, rng)
+        costs_apart = rule_costs(lab, rules[0], args.eval)
         pages = [p for p in read_pages(log) if p["status"] == "firing" and (received_time(p) or 0) > healthy_to]
         sampler.stop.set()
         thread.join()
@@ -259,12 +307,14 @@ def one_n(args: argparse.Namespace, ranks: int, state: Path) -> dict:
             "slowdown": args.slowdown,
             "latency_s": latencies,
             "false_pages": len(false_pages), "false_page_alerts": sorted({p["alert"] for p in false_pages}),
-            "pages_after_healthy": len(pages), **costs}  # fmt: skip
+            "pages_after_healthy": len(pages), "rule_costs": costs_apart, **costs}  # fmt: skip
 
 
 def table(r: dict, scrape_s: float, eval_s: float) -> str:
-    lines = [f"### {r['ranks']} ranks, {r['topology']}, scrape {scrape_s:g} s, runwatch-cluster every {eval_s:g} s",
-             "", "| fault | alert | p50 s | p95 s | n | bound s |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [f"### {r['ranks']} ranks, {r['topology']}, scrape {scrape_s:g} s, 1 s groups every {eval_s:g} s",
+             ""]  # fmt: skip
+    if r["latency_s"]:  # a soak (--faults none) has no fault to time
+        lines += ["| fault | alert | p50 s | p95 s | n | bound s |", "|---|---|---|---|---|---|"]
     for kind, xs in r["latency_s"].items():
         if kind.endswith(" missed"):
             lines.append(f"| {kind} | no page within {xs[0]:g} s | | | {len(xs)} | |")
@@ -277,6 +327,11 @@ def table(r: dict, scrape_s: float, eval_s: float) -> str:
               "| rule group | median ms | max ms | missed |", "|---|---|---|---|"]  # fmt: skip
     for g, v in r["groups"].items():
         lines.append(f"| {g} | {v['median_ms']:.0f} | {v['max_ms']:.0f} | {v['missed']:g} |")
+    if r.get("rule_costs"):
+        lines += ["", "Apart from waiting (each rule run 5 times by the query API, stats=all):", "",
+                  "| rule group | samples a cycle | least eval ms a cycle |", "|---|---|---|"]  # fmt: skip
+        for g, v in r["rule_costs"].items():
+            lines.append(f"| {g} | {v['samples']:,} | {v['best_ms']:.1f} |")
     slowest = sorted(r["rules_ms"].items(), key=lambda kv: -kv[1])[:5]
     lines += ["", "Slowest rules (median ms): " + ", ".join(f"{n} {ms:.0f}" for n, ms in slowest)]
     lines += ["", "| server | peak RSS MiB | mean CPU cores |", "|---|---|---|"]
@@ -286,17 +341,17 @@ def table(r: dict, scrape_s: float, eval_s: float) -> str:
 
 
 def growth(results: list[dict]) -> str:
-    """Least-squares slopes with N of the cluster group's time and the rules server's RSS, and the
-    N at which the group's mean time would reach its 1 s interval."""
+    """Least-squares slopes with N of the slowest 1 s cluster group's median time and the rules
+    server's RSS, and the N at which that group's time would reach its 1 s interval."""
     if len(results) < 2:
         return ""
     n = np.array([r["ranks"] for r in results], dtype=float)
-    group = np.array([r["groups"]["runwatch-cluster"]["median_ms"] for r in results])
+    group = np.array([max(v["median_ms"] for g, v in r["groups"].items() if not g.endswith("-10m")) for r in results])
     server = "prometheus" if results[0]["topology"] == "single" else "receiver"
     rss = np.array([r["rss_mib"][server] for r in results])
     (gs, gi), (rs, ri) = np.polyfit(n, group, 1), np.polyfit(n, rss, 1)
     return (
-        f"runwatch-cluster: {gs * 1000:.1f} ms per 1,000 ranks (+{gi:.0f} ms); its median reaches 1 s at "
+        f"slowest 1 s group: {gs * 1000:.1f} ms per 1,000 ranks (+{gi:.0f} ms); its median reaches 1 s at "
         f"~{(1000 - gi) / gs:,.0f} ranks\n{server} RSS: {rs * 1000:.0f} MiB per 1,000 ranks (+{ri:.0f} MiB); "
         f"1.5 GiB at ~{(1536 - ri) / rs:,.0f} ranks"
     )
@@ -312,7 +367,7 @@ def parse() -> argparse.Namespace:
         "--eval",
         type=float,
         default=1.0,
-        help="runwatch-cluster's evaluation interval in seconds (default cluster.yml's 1)",
+        help="evaluation interval in seconds of cluster.yml's 1 s groups (default cluster.yml's 1)",
     )
     p.add_argument("--healthy", type=float, default=120.0, help="seconds of healthy fleet before the faults")
     p.add_argument("--repeats", type=int, default=3, help="times each fault (restart: once; it fires 5 min)")
@@ -322,9 +377,14 @@ def parse() -> argparse.Namespace:
         default=1 / 0.7,
         help="a straggler's step time over its own healthy one (default 1/0.7, the lab's)",
     )
-    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
+    p.add_argument("--faults", default=",".join(FAULTS),
+                   help=f"comma-separated, of {', '.join(FAULTS)}; or none: a soak (--healthy 3600)")  # fmt: skip
     p.add_argument("--fault-timeout", type=float, default=120.0, help="seconds to wait for a fault's page")
+    p.add_argument("--history-timeout", type=float, default=300.0,
+                   help="seconds to wait for every rank's median and every GPU's peak (default 300)")  # fmt: skip
     p.add_argument("--out", type=Path, help="write the results as JSON here too")
+    p.add_argument("--rules", type=Path, default=CLUSTER_RULES,
+                   help="the rule file (default prometheus/rules/cluster.yml), or another commit's")  # fmt: skip
     args = p.parse_args()
     try:
         args.ranks = [int(x) for x in args.ranks.split(",")]
@@ -332,7 +392,7 @@ def parse() -> argparse.Namespace:
         p.error(f"--ranks: comma-separated integers, got {args.ranks!r}")
     if any(n < RANKS_PER_NODE or n % RANKS_PER_NODE for n in args.ranks):
         p.error(f"--ranks: each a multiple of {RANKS_PER_NODE}, got {args.ranks}")
-    args.faults = args.faults.split(",")
+    args.faults = [] if args.faults == "none" else args.faults.split(",")
     if unknown := set(args.faults) - set(FAULTS):
         p.error(f"--faults: unknown {sorted(unknown)}; known: {', '.join(FAULTS)}")
     return args

@@ -46,7 +46,9 @@ NAMESPACE = "runwatch"
 STACK = ("--set", "stack.release=kps")
 FOUR = (*STACK, "--set", "trainer.ranks=4", "--set", "trainer.incident=straggler")
 LAB_RUNBOOKS = "http://127.0.0.1:9095/runbooks"  # make_annotations.py's BASE_URL, which the promtool tests expect
-RENDERS = {"one rank": STACK, "four ranks": FOUR}
+FLEET = (*STACK, "--set", "fleet.enabled=true")
+SHARDED = (*FLEET, "--set", "fleet.shards=2")
+RENDERS = {"one rank": STACK, "four ranks": FOUR, "fleet of two shards": SHARDED}
 
 
 def k8s_tool(name: str) -> str:
@@ -182,12 +184,13 @@ SPOILT = {
     "PrometheusRule": (lambda d: d["spec"]["groups"][0].update(interval="one second"), "interval"),
     "AlertmanagerConfig": (lambda d: d["spec"]["route"].update(groupWait=5), "groupWait"),
     "ServiceMonitor": (lambda d: d["spec"]["endpoints"][0].update(port=9095), "port"),
+    "PrometheusAgent": (lambda d: d["spec"].update(shards="two"), "shards"),
 }
 
 
 @pytest.mark.integration
 def test_custom_resources_pass_their_crd_schemas_and_spoilt_ones_fail(rendered, crd_schemas, tmp_path):
-    """Every PrometheusRule, PodMonitor, ServiceMonitor and AlertmanagerConfig of both renders,
+    """Every PrometheusRule, PodMonitor, ServiceMonitor, AlertmanagerConfig and PrometheusAgent of the renders,
     by check-jsonschema against the operator's own schema (v0.93.0), one run a kind; in the same
     run a spoilt copy of each fails, naming what is wrong."""
     by_kind: dict[str, list[Path]] = {}
@@ -368,8 +371,104 @@ def test_every_object_the_stack_selects_carries_its_release_label(rendered):
     object without it is silently ignored."""
     for docs in rendered.values():
         for doc in docs:
-            if is_custom(doc):
+            if is_custom(doc) and not scraped_by_the_agent(doc) and doc["kind"] != "PrometheusAgent":
                 assert doc["metadata"]["labels"]["release"] == "kps", doc["metadata"]["name"]
+
+
+def scraped_by_the_agent(doc: dict) -> bool:
+    return "runwatch/scraped-by" in doc["metadata"]["labels"]
+
+
+# --- a cluster's nodes: the fleet's monitors, the operator's shards ---
+
+
+def fleet_monitors(docs: list[dict]) -> list[dict]:
+    return [d for d in docs if d["kind"] in ("PodMonitor", "ServiceMonitor") and "-fleet-" in d["metadata"]["name"]]
+
+
+def endpoint(monitor: dict) -> dict:
+    [ep] = monitor["spec"]["podMetricsEndpoints" if monitor["kind"] == "PodMonitor" else "endpoints"]
+    return ep
+
+
+def group_intervals(docs: list[dict]) -> dict[str, str]:
+    return {g["name"]: g["interval"] for spec in rule_specs(docs).values() for g in spec["groups"]}
+
+
+@pytest.mark.integration
+def test_the_fleet_is_off_by_default(rendered):
+    """The lab's renders hold no node monitor or agent, and cluster.yml keeps the lab's 1 s."""
+    for name in ("one rank", "four ranks"):
+        assert not fleet_monitors(rendered[name]) and not of_kind(rendered[name], "PrometheusAgent")
+        assert group_intervals(rendered[name])["runwatch-cluster"] == "1s"
+
+
+@pytest.mark.integration
+def test_a_fleet_of_one_shard_is_scraped_by_the_stack_s_prometheus_every_5s():
+    """fleet.enabled: one monitor a node-level exporter, each carrying the stack's release label
+    (its Prometheus scrapes them), relabelled to the job the rules select by, at 5 s; cluster.yml's
+    1 s groups are evaluated every 5 s, its 30 s group and every other file as they are."""
+    docs, lab = render(*FLEET), render(*STACK)
+    monitors = {m["metadata"]["name"]: m for m in fleet_monitors(docs)}
+    assert sorted((m["kind"], n) for n, m in monitors.items()) == [
+        ("PodMonitor", "rw-runwatch-fleet-ranks"), ("ServiceMonitor", "rw-runwatch-fleet-dcgm")]  # fmt: skip
+    assert not of_kind(docs, "PrometheusAgent")
+    for m in monitors.values():
+        ep = endpoint(m)
+        assert m["metadata"]["labels"]["release"] == "kps" and not scraped_by_the_agent(m)
+        assert (ep["interval"], ep["scrapeTimeout"], ep.get("honorLabels", False)) == ("5s", "5s", False)
+        targets = {r["targetLabel"]: r.get("sourceLabels", r.get("replacement")) for r in ep["relabelings"]}
+        assert targets["node"] == ["__meta_kubernetes_pod_node_name"]
+        assert targets["run_id"] == ["__meta_kubernetes_pod_label_runwatch_run_id"]
+    assert endpoint(monitors["rw-runwatch-fleet-ranks"])["relabelings"][0] == {
+        "action": "replace", "replacement": "nodes", "targetLabel": "job"}  # fmt: skip
+    assert monitors["rw-runwatch-fleet-dcgm"]["spec"]["namespaceSelector"] == {"matchNames": ["gpu-operator"]}
+    intervals, lab_intervals = group_intervals(docs), group_intervals(lab)
+    changed = {g: (lab_intervals[g], i) for g, i in intervals.items() if i != lab_intervals[g]}
+    assert changed and all(old == "1s" and new == "5s" for old, new in changed.values()), changed
+    cluster = {g["name"] for g in rule_specs(lab)["prometheus/rules/cluster.yml"]["groups"]}
+    assert set(changed) == {g for g in cluster if lab_intervals[g] == "1s"}
+    assert intervals["runwatch-cluster-10m"] == "30s"
+
+
+@pytest.mark.integration
+def test_a_sharded_fleet_is_scraped_by_the_operator_s_shards_writing_to_the_stack(rendered):
+    """fleet.shards=2: a PrometheusAgent of two shards selects the node monitors, which lose the
+    release label (the stack's Prometheus scraping them too would double every series), and
+    remote-writes to the stack's Prometheus, which still gets the rules."""
+    docs = rendered["fleet of two shards"]
+    [agent] = of_kind(docs, "PrometheusAgent")
+    spec = agent["spec"]
+    assert (spec["shards"], spec["scrapeInterval"]) == (2, "5s")
+    assert spec["remoteWrite"] == [{"url": "http://kps-kube-prometheus-stack-prometheus.monitoring.svc:9090/api/v1/write",
+                                    "queueConfig": {"batchSendDeadline": "1s"}}]  # fmt: skip
+    assert spec["serviceAccountName"] == "kps-kube-prometheus-stack-prometheus"
+    monitors = fleet_monitors(docs)
+    assert len(monitors) == 2
+    for m in monitors:
+        selector = spec[f"{m['kind'][0].lower()}{m['kind'][1:]}Selector"]["matchLabels"]
+        assert selector.items() <= m["metadata"]["labels"].items(), m["metadata"]["name"]
+        assert "release" not in m["metadata"]["labels"]
+    assert all(r["metadata"]["labels"]["release"] == "kps" for r in of_kind(docs, "PrometheusRule"))
+    assert group_intervals(docs)["runwatch-cluster"] == "5s"
+
+
+@pytest.mark.integration
+def test_the_fleet_s_rules_pass_promtool_and_the_5s_tests(tmp_path):
+    """cluster.yml as the fleet renders it (every 5 s) passes `promtool check rules` and
+    prometheus/tests/cluster_5s.test.yml, written at a 5 s scrape."""
+    spec = rule_specs(render(*FLEET, "--set", f"runbookBaseURL={LAB_RUNBOOKS}"))["prometheus/rules/cluster.yml"]
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "cluster.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    promtool = need("promtool")
+    res = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules" / "cluster.yml")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    (tmp_path / "tests").mkdir()
+    shutil.copy(REPO / "prometheus" / "tests" / "cluster_5s.test.yml", tmp_path / "tests")
+    res = subprocess.run([promtool, "test", "rules", "cluster_5s.test.yml"], cwd=tmp_path / "tests",
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
 
 
 # --- bad values: one clear line each ---
@@ -387,6 +486,9 @@ def test_every_object_the_stack_selects_carries_its_release_label(rendered):
         ((*STACK, "--set", "trainer.ranks=2", "--set", "trainer.precision=fp16"), "trainer.precision: a run over"),
         ((*STACK, "--set", "stack.release=Kube_Stack"), "at '/stack/release'"),
         ((*STACK, "--set", "trainer.seeds=3"), "additional properties 'seeds' not allowed"),
+        ((*FLEET, "--set", "fleet.shards=0"), "at '/fleet/shards': minimum: got 0, want 1"),
+        ((*FLEET, "--set", "fleet.monitors[0].kind=Probe"), "at '/fleet/monitors/0/kind'"),
+        ((*FLEET, "--set", "fleet.scrapeInterval=5"), "at '/fleet/scrapeInterval'"),
     ],
 )
 def test_bad_values_are_refused_with_a_line_naming_the_field(values, says):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -147,7 +148,13 @@ class FleetLab:
     def fault(self, kind: str, rank: int = 0, **params: float) -> float:
         """Inject a fault now; its onset as the fleet recorded it (Unix time)."""
         query = {"kind": kind, "rank": rank, **params}
-        resp = requests.post(f"{self.fleet_url}/fault", params=query, timeout=10)
+        # the onset is the fleet's own clock, so a slow answer (a busy machine) does not skew it;
+        # a connection refused or reset by a fleet whose queue is full never reached it: once more
+        try:
+            resp = requests.post(f"{self.fleet_url}/fault", params=query, timeout=60)
+        except requests.ConnectionError:
+            time.sleep(1)
+            resp = requests.post(f"{self.fleet_url}/fault", params=query, timeout=60)
         resp.raise_for_status()
         return float(resp.json()["onset"])
 

@@ -12,7 +12,7 @@ PLATE_ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "Throughpu
 LESSON20_ALERTS = ("LossScaleCollapse", "ActivationNormSpike")  # Lesson 20's early warnings
 TARGET_ALERTS = ("TrainerDown",)
 # one rank of several, and the job's restarts (cluster.yml)
-CLUSTER_ALERTS = ("StragglerRank", "GPUThermalThrottle", "TrainingStalled", "RankDown", "JobRestarted", "GPUXidError")
+CLUSTER_ALERTS = ("StragglerRank", "GPUThermalThrottle", "GPUXidError", "TrainingStalled", "RankDown", "JobRestarted")
 META_ALERTS = ("Watchdog", "PagerDown", "AlertmanagerNotificationsFailing", "RuleEvaluationFailing")
 # The rule group of the lab's own health: a backtest runs no Alertmanager or pager, so it skips it.
 META_GROUP = "runwatch-meta"

@@ -86,3 +86,13 @@ capabilities:
 {{- define "runwatch.pagerTokenSecret" -}}
 {{- .Values.pager.tokenSecret | default (printf "%s-pager-token" (include "runwatch.fullname" .)) -}}
 {{- end -}}
+
+{{/* The label by which the fleet's PrometheusAgent selects its monitors (fleet.shards > 1). */}}
+{{- define "runwatch.fleetAgentSelector" -}}
+runwatch/scraped-by: {{ include "runwatch.fullname" . }}-fleet
+{{- end -}}
+
+{{/* The agent's ServiceAccount: fleet.agent.serviceAccountName, else the stack's Prometheus's (its RBAC lists pods, services and endpoints in every namespace). */}}
+{{- define "runwatch.fleetAgentServiceAccount" -}}
+{{- .Values.fleet.agent.serviceAccountName | default (printf "%s-prometheus" (include "runwatch.stackFullname" .)) -}}
+{{- end -}}
