@@ -170,7 +170,7 @@ def closure(g: dict[str, set[str]], start: str) -> set[str]:
 
 def test_the_subcommands_are_found():
     found = subcommands()
-    expected = {"runwatch.train", "runwatch.backtest.backtest", "runwatch.lab.lab", "runwatch.drill.drill"}
+    expected = {"runwatch.train", "runwatch.backtest.command", "runwatch.lab.lab", "runwatch.drill.drill"}
     expected |= {"runwatch.readouts.plate", "runwatch.oncall.follow", "runwatch.console.serve", "runwatch.probe"}
     expected |= {
         "runwatch.oncall.pager_serve",

@@ -1,0 +1,608 @@
+"""`runwatch backtest --from-prometheus`: your own recorded runs through the rules, with the
+plate's incidents overlaid on them.
+
+    runwatch backtest --from-prometheus                           # the lab's (.runwatch/lab.json)
+    runwatch backtest --from-prometheus http://127.0.0.1:9090 --run-ids my-run
+    runwatch backtest --from-prometheus SNAPSHOT_DIR --inject throughput_cut:0.3 --sweep ThroughputDrop=0.7,0.8
+    runwatch backtest --from-prometheus --inject loss_to_chance:0.5 --num-classes 50257
+
+1. Reads each run's raw samples of the series the rules read (a range selector at one instant:
+   every sample as scraped, with its own stamp) from the lab's Prometheus, another one, or a
+   TSDB snapshot (a directory of blocks, served by a Prometheus of its own over a copy).
+2. Moves each run to the backtest's clock (runwatch.backtest.backtest: it starts at
+   DEFAULT_START, its scrapes half a second before each whole second, where the grid reads them),
+   and, with `--inject`, adds copies of it with an incident overlaid from an onset on, at
+   `--onsets` points spread over its history:
+   - `loss_to_chance:S`: the training and held-out loss moved a share S of the way to chance,
+     ln(--num-classes) nats, from the onset on (a collapse: it lasts);
+   - `gradient_spike:S`: the gradient norm x 10^S for 5 samples (S = 1: ten times);
+   - `throughput_cut:S`: tokens/s, and the tokens counter's increase, x (1 - S) from the onset on.
+3. Loads them over remote write into a throwaway Prometheus, as the backtest loads its runs, and
+   evaluates every alert there on the 1 s grid (backtest.plan, backtest.firing_query). Nothing
+   here decides whether an alert fired.
+4. Reports each alert's pages on the untouched history: false alarms, if the runs were healthy
+   (each unbroken stretch of firing is one page Alertmanager would send); with `--inject`, per
+   incident and alert, the copies caught (the alert fires within HORIZON_S of the onset where the
+   untouched run does not, at the same instant) and the delay, in the run's own steps; with
+   `--sweep`, both for every value.
+
+Not for the lab's simulated runs (`runwatch backtest --seeds`), nor for a recorded run's
+TrainerDown: a replay has no scrape that failed (`up` is 1 wherever the run has a sample).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import json
+import math
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from runwatch.backtest import backtest as bt
+from runwatch.backtest import sweep as workbench
+from runwatch.backtest.remote_write import push, write_request
+from runwatch.core.command import DEFAULT_STATE, UsageError, check_writable, number
+from runwatch.core.durations import duration_seconds
+from runwatch.core.files import write_atomic
+from runwatch.exporter import metrics as m
+from runwatch.prom.server import quoted
+from runwatch.prom.tools import binary
+from runwatch.trainer.offline import DEFAULT_START
+
+LAB = "lab"  # --from-prometheus without a value: the lab of .runwatch
+INJECTIONS = {  # kind -> (the alert the plate pages it with, default strength, what it is)
+    "loss_to_chance": ("TrainingLossJump", 1.0, "loss a share S of the way to chance, lasting"),
+    "gradient_spike": ("GradientNormJump", 1.0, "gradient norm x 10^S for 5 samples"),
+    "throughput_cut": ("ThroughputDrop", 0.3, "tokens/s x (1 - S), lasting"),
+}
+SPIKE_SAMPLES = 5  # a gradient spike's length: the plate's lr spike lasts 5 steps
+WARMUP_S = 90  # no onset before this much history: the baselines need 20-30 samples
+HORIZON_S = 300  # an injection not seen in 5 minutes is missed; a copy ends here
+BASELINE_S = 1860  # a copy keeps this much history before its onset: ThroughputDrop's 30 m baseline, 30 s back
+MAX_RUNS = 50
+MAX_ONSETS = 50
+QUERY_SPAN_S = 10_000  # Prometheus answers at most 11,000 points a series to a range query
+# remote write in half-hour slices, in time order: a head takes no sample an hour older than its newest
+PUSH_SPAN_MS = 1_800_000
+FETCH_TIMEOUT_S = 120
+
+
+# --- input ---
+
+
+@dataclass(frozen=True)
+class Injection:
+    kind: str
+    strength: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.strength:g}"
+
+    @property
+    def alert(self) -> str:
+        return INJECTIONS[self.kind][0]
+
+
+def parse_injections(text: str) -> list[Injection]:
+    """'throughput_cut:0.3,gradient_spike' -> [Injection]; UsageError naming --inject otherwise."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        kind, _, strength = part.partition(":")
+        if kind not in INJECTIONS:
+            known = ", ".join(f"{k} ({v[2]})" for k, v in INJECTIONS.items())
+            raise UsageError(f"--inject: unknown incident {kind!r}; choose from {known}")
+        try:
+            s = float(strength) if strength else INJECTIONS[kind][1]
+        except ValueError:
+            s = math.nan
+        if not 0 < s <= 1:
+            raise UsageError(f"--inject: {kind}'s strength must be a number in (0, 1], got {strength!r}")
+        out.append(Injection(kind, s))
+    if len(set(out)) != len(out):
+        raise UsageError(f"--inject: an incident is given twice in {text!r}")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of a backtest over recorded runs, beside the backtest's own."""
+    p.add_argument(
+        "--from-prometheus", nargs="?", const=LAB, default=None, metavar="URL|DIR",
+        help="replay your own recorded runs instead of simulated ones: from a Prometheus at URL, a lab's state "
+        "directory, or a TSDB snapshot directory (no value: the lab's, in .runwatch)",
+    )  # fmt: skip
+    p.add_argument("--run-ids", default=None, help="with --from-prometheus: the runs to replay (default: every run)")
+    p.add_argument(
+        "--since", default="7d", help="with --from-prometheus: how far back from the newest sample to read (default 7d)"
+    )
+    p.add_argument(
+        "--inject", default=None, metavar="KIND[:S],...",
+        help="with --from-prometheus: overlay incidents on copies of each run: "
+        + "; ".join(f"{k} ({v[2]}, default S {v[1]:g})" for k, v in INJECTIONS.items()),
+    )  # fmt: skip
+    p.add_argument(
+        "--onsets", type=number(int, 1, MAX_ONSETS), default=5,
+        help="with --inject: onsets spread over each run's history, one copy each (default 5)",
+    )  # fmt: skip
+    p.add_argument(
+        "--num-classes", type=number(int, 2, 1 << 40), default=None,
+        help="with --inject loss_to_chance: your model's classes (a vocabulary's size); chance is ln N nats",
+    )  # fmt: skip
+
+
+# Flags of the simulated backtest that mean nothing for recorded runs: refused, naming them.
+SIMULATED_ONLY = {"incidents": None, "ranks": 1, "strengths": None, "lab": None, "precision": "fp64",
+                  "plot": None, "edit_of": None, "workers": None}  # fmt: skip
+RECORDED_ONLY = {"run_ids": None, "inject": None, "onsets": 5, "num_classes": None, "since": "7d"}
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """--from-prometheus beside a flag of the simulated backtest, or its own flags without it: refused."""
+    if args.from_prometheus is None:
+        for name, default in RECORDED_ONLY.items():
+            if getattr(args, name) != default:
+                raise UsageError(f"--{name.replace('_', '-')}: reads recorded runs: give --from-prometheus too")
+        return
+    for name, default in SIMULATED_ONLY.items():
+        if getattr(args, name, default) != default:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag}: configures the simulated runs; --from-prometheus replays recorded ones")
+    if args.seeds != "100-199":
+        raise UsageError("--seeds: configures the simulated runs; --from-prometheus replays recorded ones")
+
+
+# --- 1: read ---
+
+
+@dataclass
+class Source:
+    base: str  # the Prometheus read from
+    end: float  # the newest instant to read at
+    what: str  # as the report names it
+
+
+def _get(base: str, path: str, params: dict, flag: str = "--from-prometheus") -> dict:
+    try:
+        resp = requests.get(f"{base}/api/v1/{path}", params=params, timeout=FETCH_TIMEOUT_S)
+        body = resp.json()
+    except requests.RequestException as err:
+        raise UsageError(f"{flag}: cannot reach Prometheus at {base}: {type(err).__name__}") from None
+    except ValueError:
+        raise UsageError(f"{flag}: {base} does not answer as Prometheus does (HTTP {resp.status_code})") from None
+    if body.get("status") != "success":
+        raise UsageError(f"{flag}: {base} refused {path}: {body.get('error', resp.text[:200])}")
+    return body["data"]
+
+
+def run_ids_in(base: str) -> list[str]:
+    """Every run id some series of the Prometheus at base carries, all time."""
+    return sorted(_get(base, "label/run_id/values", {"match[]": '{run_id!=""}'}))
+
+
+def fetch(base: str, run_id: str, families: set[str], end: float, since_s: float) -> list[dict]:
+    """Every raw sample, as scraped, of the run's series of these families in (end - since, end]."""
+    names = "|".join(sorted(re.escape(f) + "(_total)?" for f in families))
+    query = f'{{__name__=~"{names}",run_id="{quoted(run_id)}"}}[{int(since_s)}s]'
+    return _get(base, "query", {"query": query, "time": end})["result"]
+
+
+def snapshot_span(tsdb: Path) -> tuple[float, float]:
+    """A TSDB directory's first and last instant (its blocks' meta.json, in ms); a UsageError if it has none."""
+    metas = [json.loads(p.read_text()) for p in tsdb.glob("*/meta.json")]
+    if not metas:
+        raise UsageError(f"--from-prometheus: {tsdb} holds no TSDB block (no */meta.json) and no lab.json")
+    return min(x["minTime"] for x in metas) / 1000, max(x["maxTime"] for x in metas) / 1000
+
+
+# --- 2: the runs as the backtest's clock has them, and the incidents overlaid ---
+
+
+@dataclass
+class Run:
+    run_id: str  # in the throwaway: the recorded id, or a copy's
+    source: str  # the recorded run it is (a copy's parent)
+    series: list[tuple[str, list[tuple[str, str]], list[float], list[int]]]  # as write_request takes them
+    end_ms: int
+    injection: Injection | None = None
+    onset_ms: int | None = None
+    onset_step: int | None = None
+    first_ms: int = 0
+
+
+def on_the_grid(run_id: str, found: list[dict]) -> Run:
+    """The run's samples, moved by whole seconds and its scrape phase so that it starts at
+    DEFAULT_START and each scrape falls half a second before a whole second, where the
+    backtest's grid reads it (as the live lab's rules read the scrape before them). Its target
+    labels become the backtest's (job trainer, instance offline/RUN), with an `up` of 1 at each of
+    its steps; a second target of the run (a rank) keeps its address after the run's."""
+    steps = [s for s in found if s["metric"]["__name__"] == m.STEP]
+    if not steps:
+        raise UsageError(f"--run-ids: run {run_id} has no {m.STEP} samples: did its job call step()?")
+    main = steps[0]["metric"].get("instance", "")
+    stamps = [round(float(t) * 1000) for t, _ in steps[0]["values"]]
+    phase = int(statistics.median(t % 1000 for t in stamps))
+    shift = int(DEFAULT_START * 1000) - (stamps[0] - phase) + (500 - phase)  # whole seconds, then to .500
+    series = []
+    for s in found:
+        labels = {k: v for k, v in s["metric"].items() if k not in ("__name__", "job", "instance")}
+        where = s["metric"].get("instance", "")
+        instance = f"offline/{run_id}" + ("" if where == main else f"/{where}")
+        values = [float(v) for _, v in s["values"]]
+        series.append((s["metric"]["__name__"], sorted({**labels, "job": "trainer", "instance": instance}.items()),
+                       values, [round(float(t) * 1000) + shift for t, _ in s["values"]]))  # fmt: skip
+    t = [x + shift for x in stamps]
+    series.append(("up", [("instance", f"offline/{run_id}"), ("job", "trainer")], [1.0] * len(t), t))
+    return Run(run_id, run_id, series, max(max(s[3]) for s in series), first_ms=t[0])
+
+
+def onsets(run: Run, count: int) -> list[tuple[int, int]]:
+    """(time, step) of `count` onsets spread evenly over the run's history, WARMUP_S after its
+    start and before its last minute; a UsageError if it is too short for one."""
+    name, _, values, stamps = next(s for s in run.series if s[0] == m.STEP)
+    usable = [(t, int(v)) for t, v in zip(stamps, values, strict=True)
+              if t >= run.first_ms + WARMUP_S * 1000 and t <= run.end_ms - 60_000]  # fmt: skip
+    if not usable:
+        need = WARMUP_S + 60
+        raise UsageError(f"--inject: run {run.source} lasts {(run.end_ms - run.first_ms) / 1000:.0f} s; an injection "
+                         f"needs {need} s ({WARMUP_S} s of history before its onset, a minute after)")  # fmt: skip
+    picks = [usable[int(i * (len(usable) - 1) / max(count - 1, 1))] for i in range(count)] if count > 1 else [
+        usable[len(usable) // 2]]  # fmt: skip
+    return list(dict.fromkeys(picks))
+
+
+def injected(run: Run, inj: Injection, onset_ms: int, onset_step: int, chance: float | None) -> Run:
+    """A copy of the run with the incident overlaid from onset_ms on, cut to BASELINE_S before it
+    and HORIZON_S after it."""
+    copy_id = f"{run.source}+{inj.name}@{onset_step}"
+    lo, hi = onset_ms - BASELINE_S * 1000, onset_ms + HORIZON_S * 1000
+    out = []
+    for name, labels, values, stamps in run.series:
+        keep = [i for i, t in enumerate(stamps) if lo <= t <= hi]
+        v, t = [values[i] for i in keep], [stamps[i] for i in keep]
+        after = [i for i, x in enumerate(t) if x >= onset_ms]
+        if inj.kind == "loss_to_chance" and name in (m.LOSS, m.HELDOUT_LOSS):
+            for i in after:
+                v[i] += inj.strength * (chance - v[i])
+        elif inj.kind == "gradient_spike" and name == m.GRADIENT_NORM:
+            for i in after[:SPIKE_SAMPLES]:
+                v[i] *= 10**inj.strength
+        elif inj.kind == "throughput_cut" and name == m.TOKENS_PER_SECOND:
+            for i in after:
+                v[i] *= 1 - inj.strength
+        elif inj.kind == "throughput_cut" and name == m.TOKENS + "_total" and after:
+            base = v[after[0] - 1] if after[0] > 0 else v[after[0]]
+            for i in after:
+                v[i] = base + (v[i] - base) * (1 - inj.strength)
+        labels = [(k, copy_id if k == "run_id" else x.replace(f"offline/{run.run_id}", f"offline/{copy_id}", 1)
+                   if k == "instance" else x) for k, x in labels]  # fmt: skip
+        if t:
+            out.append((name, labels, v, t))
+    end, first = max(max(s[3]) for s in out), min(s[3][0] for s in out)
+    return Run(copy_id, run.source, out, end, inj, onset_ms, onset_step, first)
+
+
+# --- 3: evaluate ---
+
+
+def _load(runs: list[Run], prometheus: str, tmp: Path) -> int:
+    """Every run's samples into tmp/data, in half-hour slices in time order (one loading Prometheus)."""
+    loader = bt._loader(prometheus, tmp)
+    t0, t1 = min(r.first_ms for r in runs) - 10_000, max(r.end_ms for r in runs)
+    samples = 0
+    with loader.running():
+        for lo in range(t0, t1 + 1, PUSH_SPAN_MS):
+            hi = lo + PUSH_SPAN_MS
+
+            def part(lo=lo, hi=hi):
+                for r in runs:
+                    for name, labels, values, stamps in r.series:  # each series' stamps rise
+                        a, b = bisect.bisect_left(stamps, lo), bisect.bisect_left(stamps, hi)
+                        if b > a:
+                            yield name, labels, values[a:b], stamps[a:b]
+
+            body, n = write_request(part())
+            if n:
+                push(loader.base, body)
+                samples += n
+        bt._snapshot(loader, tmp / "data")
+    return samples
+
+
+def ranged(base: str, query: str, start: float, end: float) -> list[dict]:
+    """A range query on the 1 s grid, in spans Prometheus answers, each series' values joined."""
+    from runwatch.prom.server import query_range
+
+    joined: dict[tuple, dict] = {}
+    lo = start
+    while lo <= end:
+        hi = min(lo + QUERY_SPAN_S - 1, end)
+        for s in query_range(base, query, lo, hi):
+            key = tuple(sorted(s["metric"].items()))
+            joined.setdefault(key, {"metric": s["metric"], "values": []})["values"] += s["values"]
+        lo = hi + 1
+    return list(joined.values())
+
+
+def evaluate(runs: list[Run], rules: bt.Rules, progress: bt.Progress) -> tuple[dict, dict, int]:
+    """Each alert's firing instants per run (run -> alert -> sorted whole seconds), each run's
+    step at every instant (run -> second -> step), and the samples loaded."""
+    prometheus = binary("prometheus")
+    with tempfile.TemporaryDirectory(prefix="runwatch-recorded-") as tmp:
+        samples = _load(runs, prometheus, Path(tmp))
+        progress(f"loaded {len(runs)} runs ({samples:,} samples)")
+        prom = bt._throwaway(prometheus, Path(tmp), [{"end": r.end_ms / 1000} for r in runs])
+        how = bt.plan(rules, prom.start)
+        bt._backfill(prom, how.passes, progress)
+        ids = {r.run_id for r in runs}
+        fired: dict[str, dict[str, set[int]]] = {r: {} for r in ids}
+
+        def firing(i: int) -> list[dict]:
+            rule = rules.alerting[i]
+            progress(f"reading {rule['alert']} ({i + 1}/{len(rules.alerting)})", done=i + 1 == len(rules.alerting))
+            return ranged(prom.base, bt.firing_query(how.conditions[i], rule), prom.start, prom.end)
+
+        with ThreadPoolExecutor(max(1, min(len(rules.alerting), bt.MAX_QUERIES))) as pool, prom.running():
+            for rule, found in zip(rules.alerting, pool.map(firing, range(len(rules.alerting))), strict=True):
+                for s in found:
+                    run = bt.run_of(s["metric"], ids)
+                    if run is not None:
+                        fired[run].setdefault(rule["alert"], set()).update(round(float(t)) for t, _ in s["values"])
+            steps = ranged(prom.base, f"last_over_time({m.STEP}[1m])", prom.start, prom.end)
+    step_at = {s["metric"].get("run_id"): {round(float(t)): int(float(v)) for t, v in s["values"]} for s in steps}
+    return {r: {a: sorted(t) for a, t in alerts.items()} for r, alerts in fired.items()}, step_at, samples
+
+
+# --- 4: report ---
+
+
+def episodes(times: list[int]) -> list[int]:
+    """The instants at which each unbroken stretch of firing began: a page each."""
+    return [t for i, t in enumerate(times) if i == 0 or t - times[i - 1] > 1]
+
+
+def false_alarms(runs: list[Run], fired: dict, step_at: dict, alerts: list[str]) -> dict:
+    """Per alert: its pages on the untouched runs, where, and per hour of their history."""
+    hours = sum((r.end_ms - r.first_ms) / 3.6e6 for r in runs)
+    out = {}
+    for alert in alerts:
+        pages = [(r.run_id, step_at.get(r.run_id, {}).get(t)) for r in runs
+                 for t in episodes(fired[r.run_id].get(alert, []))]  # fmt: skip
+        out[alert] = {"pages": len(pages), "per_hour": round(len(pages) / hours, 2) if hours else None,
+                      "runs_paged": len({r for r, _ in pages}), "runs": len(runs), "at": pages}  # fmt: skip
+    return out
+
+
+def catches(copies: list[Run], fired: dict, step_at: dict, alerts: list[str]) -> dict:
+    """Per injection and alert: the copies whose alert fired within HORIZON_S of the onset at an
+    instant the untouched run did not, and the delay to the first such instant, in steps."""
+    out: dict = {}
+    for c in copies:
+        onset = math.ceil(c.onset_ms / 1000)  # the first grid instant that reads the onset's sample
+        for alert in alerts:
+            theirs = set(fired[c.source].get(alert, []))
+            own = [t for t in fired[c.run_id].get(alert, []) if onset <= t <= onset + HORIZON_S and t not in theirs]
+            cell = out.setdefault(c.injection.name, {}).setdefault(alert, {"caught": 0, "copies": 0, "delays": []})
+            cell["copies"] += 1
+            if own:
+                cell["caught"] += 1
+                step = step_at.get(c.run_id, {}).get(own[0], c.onset_step)
+                cell["delays"].append({"steps": step - c.onset_step, "seconds": own[0] - c.onset_ms / 1000})
+    for per_alert in out.values():
+        for cell in per_alert.values():
+            steps = [d["steps"] for d in cell["delays"]]
+            secs = [d["seconds"] for d in cell["delays"]]
+            cell["median_steps"] = statistics.median(steps) if steps else None
+            cell["worst_steps"] = max(steps) if steps else None
+            cell["median_seconds"] = round(statistics.median(secs), 1) if secs else None
+    return out
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[j]) for r in rows) + 2 for j in range(len(rows[0]))]
+    return ["".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def _n(v: float | None) -> str:
+    return "-" if v is None else f"{v:g}"
+
+
+def report(found: dict, alerts: list[str], injections: list[Injection]) -> str:
+    fa, caught = found["false_alarms"], found.get("catches", {})
+    lines = ["pages on your runs' own history, nothing injected (false alarms, if the runs were healthy):", ""]
+    rows = [["alert", "pages", "per hour", "runs paged", "at (run: step)"]]
+    for alert in alerts:
+        c = fa[alert]
+        at = ", ".join(f"{r}: {s}" for r, s in c["at"][:5]) + (" ..." if len(c["at"]) > 5 else "")
+        rows.append([alert, str(c["pages"]), _n(c["per_hour"]), f"{c['runs_paged']}/{c['runs']}", at or "-"])
+    lines += _columns(rows)
+    if caught:
+        lines += ["", f"injected incidents: caught when the alert fires within {HORIZON_S} s of the onset, at an "
+                  "instant the untouched run does not; delay in your run's steps", ""]  # fmt: skip
+        rows = [["incident", "alert", "caught", "delay median", "worst", "median seconds"]]
+        for inj in injections:
+            for alert in alerts:
+                c = caught[inj.name][alert]
+                if alert != inj.alert and not c["caught"]:
+                    continue  # an alert that catches nothing of an incident not its own: not a row
+                mark = " *" if alert == inj.alert else ""
+                rows.append([inj.name, alert + mark, f"{c['caught']}/{c['copies']}", _n(c["median_steps"]),
+                             _n(c["worst_steps"]), _n(c["median_seconds"])])  # fmt: skip
+        lines += _columns(rows)
+        lines.append("(* the alert the plate pages this incident with)")
+    return "\n".join(lines)
+
+
+def sweep_report(found: dict, swept: workbench.Sweep, current: str | None, injections: list[Injection]) -> str:
+    """One row per swept value: its false alarms on the history, and what it catches of each injection."""
+    head = ["value", "pages", "per hour"]
+    for inj in injections:
+        head += [f"{inj.name} caught", "delay"]
+    rows = [head]
+    for value, name in zip(swept.values, swept.names, strict=True):
+        c = found["false_alarms"][name]
+        row = [value + (" *" if current is not None and value == current else ""), str(c["pages"]),
+               _n(c["per_hour"])]  # fmt: skip
+        for inj in injections:
+            k = found.get("catches", {}).get(inj.name, {}).get(name)
+            row += [f"{k['caught']}/{k['copies']}", _n(k["median_steps"])] if k else ["-", "-"]
+        rows.append(row)
+    title = f"{swept.alert}'s {'threshold' if swept.field == 'threshold' else 'for:'} swept over your runs (* in force)"
+    return "\n".join([title, "", *_columns(rows)])
+
+
+# --- the command ---
+
+
+def source_of(spec: str, tmp: Path, stack) -> Source:
+    """--from-prometheus's value as a Prometheus to read: a URL, a lab's state directory, or a
+    TSDB snapshot served by a Prometheus of its own over a copy (kept running on `stack`)."""
+    from runwatch.core.addresses import lab_url
+
+    if spec == LAB or (Path(spec) / "lab.json").is_file():
+        state = DEFAULT_STATE if spec == LAB else Path(spec)
+        if not (Path(state) / "lab.json").is_file():
+            raise UsageError(f"--from-prometheus: no lab in {state} (no lab.json): give its Prometheus's URL")
+        spec = lab_url(Path(state), "prometheus")
+    if re.match(r"https?://", spec):
+        base = spec.rstrip("/")
+        _get(base, "query", {"query": "vector(1)"})  # reachable, and Prometheus
+        return Source(base, time.time(), base)
+    tsdb = Path(spec)
+    if not tsdb.is_dir():
+        raise UsageError(f"--from-prometheus: {spec} is no URL (http://...), lab state directory or TSDB directory")
+    first, last = snapshot_span(tsdb)
+    shutil.copytree(tsdb, tmp / "snapshot", ignore=shutil.ignore_patterns("lock", "wal", "chunks_head"))
+    server = bt._server(binary("prometheus"), tmp, "snapshot", "snapshot", first, last)
+    stack.enter_context(server.running())
+    return Source(server.base, last, f"the TSDB in {tsdb}")
+
+
+@dataclass
+class Settings:
+    """What the command line asks for, checked."""
+
+    rules_dir: Path
+    since_s: float
+    injections: list[Injection]
+    chance: float | None
+    swept: workbench.Sweep | None
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    """The flags, each bad one refused with a line that names it."""
+    check_flags(args)
+    rules_dir = args.rules or bt.Layout().rules_dir
+    if not rules_dir.is_dir():
+        raise UsageError(f"--rules: {rules_dir} is not a directory")
+    if args.json is not None:
+        check_writable(args.json, "--json")
+    since_s = duration_seconds(args.since, "--since")
+    if since_s <= 0:
+        raise UsageError(f"--since: must be a positive duration such as 7d, got {args.since!r}")
+    injections = parse_injections(args.inject) if args.inject else []
+    if any(i.kind == "loss_to_chance" for i in injections) and args.num_classes is None:
+        raise UsageError("--inject: loss_to_chance needs --num-classes N (your model's classes; chance is ln N nats)")
+    chance = math.log(args.num_classes) if args.num_classes else None
+    swept = workbench.parse_sweep(args.sweep) if args.sweep else None
+    return Settings(rules_dir, since_s, injections, chance, swept)
+
+
+def read_runs(spec: str, run_ids: str | None, families: set[str], since_s: float, progress: bt.Progress
+              ) -> tuple[str, list[Run]]:  # fmt: skip
+    """(where they came from, each run asked for on the backtest's clock) from --from-prometheus's source."""
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="runwatch-source-")))
+        source = source_of(spec, tmp, stack)
+        known = run_ids_in(source.base)
+        if not known:
+            raise UsageError(f"--from-prometheus: {source.what} holds no run (no series with a run_id)")
+        wanted = [r.strip() for r in run_ids.split(",") if r.strip()] if run_ids else known
+        for r in wanted:
+            if r not in known:
+                listed = ", ".join(known[:10]) + (" ..." if len(known) > 10 else "")
+                raise UsageError(f"--run-ids: {source.what} holds no run {r!r}; it holds {listed}")
+        if len(wanted) > MAX_RUNS:
+            raise UsageError(f"--run-ids: at most {MAX_RUNS} runs in one backtest, got {len(wanted)}: name them")
+        runs = []
+        for r in wanted:
+            found = fetch(source.base, r, families, source.end, since_s)
+            if not found:
+                when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(source.end))
+                raise UsageError(f"--run-ids: run {r} has no samples of the series the rules read in the "
+                                 f"{since_s:g} s before {when} UTC (--since)")  # fmt: skip
+            runs.append(on_the_grid(r, found))
+            progress(f"read {r}: {sum(len(s[3]) for s in runs[-1].series):,} samples")
+    return source.what, runs
+
+
+def run(args: argparse.Namespace) -> int:
+    """`runwatch backtest --from-prometheus`: read, overlay, evaluate, report."""
+    import signal
+
+    asked = settings(args)
+    # SIGTERM as well as Ctrl-C unwinds through the finally blocks that stop every Prometheus started here.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    progress, t0 = bt.Progress(), time.perf_counter()
+    rules = bt.load_rules(asked.rules_dir, binary("promtool"))
+    if asked.swept is not None:
+        rules = workbench.variants(asked.swept)(rules)
+    what, runs = read_runs(args.from_prometheus, args.run_ids, bt.families_read(rules) - {"up"}, asked.since_s,
+                           progress)  # fmt: skip
+    at = {r.run_id: onsets(r, args.onsets) if asked.injections else [] for r in runs}
+    copies = [injected(r, inj, t, step, asked.chance) for r in runs for t, step in at[r.run_id]
+              for inj in asked.injections]  # fmt: skip
+    alerts = list(dict.fromkeys(rule["alert"] for rule in rules.alerting))
+    fired, step_at, samples = evaluate(runs + copies, rules, progress)
+    found = results(what, runs, copies, fired, step_at, alerts, asked)
+    print(found.pop("text"))
+    wall = time.perf_counter() - t0
+    print(f"\n{len(runs)} recorded runs and {len(copies)} injected copies, {samples:,} samples, in {wall:.1f}s")
+    if args.json is not None:
+        write_atomic(args.json, json.dumps(found, indent=1) + "\n")
+    return 0
+
+
+def results(what: str, runs: list[Run], copies: list[Run], fired: dict, step_at: dict, alerts: list[str],
+            asked: Settings) -> dict:  # fmt: skip
+    """What the report says, as JSON, and as text under "text"."""
+    found: dict = {"source": what, "runs": [{"run_id": r.run_id, "seconds": (r.end_ms - r.first_ms) / 1000,
+                   "steps": _span(step_at.get(r.run_id, {}))} for r in runs],
+                   "false_alarms": false_alarms(runs, fired, step_at, alerts)}  # fmt: skip
+    names = ", ".join(f"{r['run_id']} (steps {r['steps']}, {r['seconds']:.0f} s)" for r in found["runs"])
+    text = [f"recorded runs from {what}: {names}"]
+    if copies:
+        found["catches"] = catches(copies, fired, step_at, alerts)
+        first = asked.injections[0]
+        found["onsets"] = {r.run_id: [c.onset_step for c in copies if c.source == r.run_id and c.injection == first]
+                           for r in runs}  # fmt: skip
+        text.append("onsets, by step: " + "; ".join(f"{r}: {', '.join(map(str, s))}"
+                                                     for r, s in found["onsets"].items()))  # fmt: skip
+    swept = asked.swept
+    in_force = [a for a in alerts if swept is None or a not in swept.names]
+    text += ["", report(found, in_force, asked.injections)]
+    if swept is not None:
+        current = workbench.in_force(bt._written(asked.rules_dir), swept)
+        text += ["", sweep_report(found, swept, current, asked.injections)]
+        found["sweep"] = {"alert": swept.alert, "field": swept.field, "values": list(swept.values),
+                          "in_force": current}  # fmt: skip
+    found["text"] = "\n".join(text)
+    return found
+
+
+def _span(steps: dict[int, int]) -> str:
+    return f"{min(steps.values())}-{max(steps.values())}" if steps else "-"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run it as `runwatch backtest --from-prometheus`")
