@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from runwatch.backtest import backtest as bt
 from runwatch.backtest import recorded
@@ -59,7 +60,8 @@ def history(run_id: str, seconds: int, end: float, spike_at: int | None = None, 
 def lab_prometheus(tmp_path_factory):
     """A Prometheus holding the recorded runs, as a lab's would, on a free port."""
     tmp = tmp_path_factory.mktemp("recorded")
-    server = bt._server(binary("prometheus"), tmp, "lab", "lab", 0, 0, "--web.enable-remote-write-receiver")
+    flags = ("--web.enable-remote-write-receiver", "--web.enable-admin-api")  # the admin API: a snapshot
+    server = bt._server(binary("prometheus"), tmp, "lab", "lab", 0, 0, *flags)
     end = time.time() - 60
     with server.running():
         series = history("my-run", 1200, end, SPIKE_AT) + history("quiet-run", 600, end, seed=2)
@@ -107,6 +109,23 @@ def test_an_injected_throughput_cut_is_caught_with_its_delay_and_swept(lab_prome
     assert doc["catches"]["throughput_cut:0.5"]["ThroughputDrop@0.8"]["caught"] == 3
     assert "ThroughputDrop's threshold swept over your runs" in got.stdout
     assert "0.8 *" in got.stdout, got.stdout
+
+
+def test_a_lab_s_state_directory_and_a_tsdb_snapshot_read_the_same(lab_prometheus):
+    base, tmp = lab_prometheus
+    state = tmp / "state"
+    state.mkdir(exist_ok=True)
+    (state / "lab.json").write_text(json.dumps({"urls": {"prometheus": base}}))
+    taken = requests.post(f"{base}/api/v1/admin/tsdb/snapshot", timeout=60).json()["data"]["name"]
+    docs = []
+    for source in (str(state), str(tmp / "lab" / "snapshots" / taken)):
+        out = tmp / "source.json"
+        got = backtest("--from-prometheus", source, "--run-ids", "my-run", "--json", str(out), cwd=tmp)
+        assert got.returncode == 0, got.stderr
+        docs.append(json.loads(out.read_text()))
+    assert docs[0]["source"] == base and docs[1]["source"].startswith("the TSDB in ")
+    assert docs[0]["false_alarms"] == docs[1]["false_alarms"]
+    assert docs[1]["false_alarms"]["GradientNormJump"]["pages"] == 1
 
 
 @pytest.mark.parametrize(
