@@ -9,9 +9,11 @@ false alarm of their history, catches a throughput cut overlaid on them, and swe
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 import time
@@ -53,6 +55,7 @@ def history(run_id: str, seconds: int, end: float, spike_at: int | None = None, 
         ("runwatch_train_tokens_per_second", labels, rate, stamps),
         ("runwatch_train_tokens_total", labels, tokens, stamps),
         ("runwatch_train_learning_rate", labels, [3e-4] * seconds, stamps),
+        ("runwatch_train_run_start_time_seconds", labels, [float(t0)] * seconds, stamps),
     ]
 
 
@@ -166,3 +169,46 @@ def test_parse_injections_defaults_and_refusals():
         recorded.Injection("throughput_cut", 0.3), recorded.Injection("gradient_spike", 0.5)]  # fmt: skip
     with pytest.raises(UsageError, match="given twice"):
         recorded.parse_injections("throughput_cut,throughput_cut:0.3")
+
+
+# --- the console's Rules page: "Backtest this watched run" ---
+
+
+@pytest.fixture
+def console(lab_prometheus, tmp_path):
+    from tests.test_rules_console_writers import Console
+
+    one = Console(tmp_path, prometheus=lab_prometheus[0])
+    yield one
+    one.stop()
+
+
+def test_the_rules_page_offers_the_watched_runs_and_refuses_a_bad_one(console):
+    page = console.get("/rules/ThroughputDrop").text
+    assert "<option>my-run</option>" in page and 'value="throughput_cut"' in page, page[-3000:]
+    expr = html.unescape(re.search(r'<textarea name="expr"[^>]*>([^<]*)</textarea>', page)[1])
+    form = {"expr": expr, "for": "", "threshold": "0.8", "inject": "throughput_cut", "num_classes": ""}
+    for bad, said in [({"run": "a,b"}, "run: choose one of the runs Prometheus holds"),
+                      ({"run": "my-run", "inject": "x;rm"}, "inject: incidents such as"),
+                      ({"run": "my-run", "num_classes": "many"}, "number of classes: a whole number")]:  # fmt: skip
+        got = console.post("/rules/ThroughputDrop/recorded", {**form, **bad}, 30)
+        assert got.status_code == 400 and said in html.unescape(got.text), got.text[-2000:]
+
+
+def test_backtest_this_watched_run_in_the_browser(console, tab):
+    from runwatch.console.rules import BACKTEST_TIMEOUT_S
+
+    tab.set_default_timeout(BACKTEST_TIMEOUT_S * 1000)
+    tab.goto(f"{console.base}/rules/ThroughputDrop")
+    tab.wait_for_selector(".promql-editor .cm-content")
+    tab.fill("#threshold", "0.7")
+    tab.select_option("#run", "my-run")
+    tab.fill("#inject", "throughput_cut:0.5")
+    tab.click("#backtest-run")
+    tab.wait_for_selector("#backtest-output")
+    assert "over the watched run my-run" in tab.inner_text("#backtest-result h2")
+    said = tab.locator("#backtest-output").text_content()
+    assert "pages on your runs' own history" in said, said
+    row = next(line.split() for line in said.splitlines() if line.startswith("throughput_cut:0.5  ThroughputDrop *"))
+    assert row[3] == "5/5", said  # every onset's cut caught, under the edit
+    assert "ThroughputDrop's threshold swept over your runs" in said and "0.7 *" in said, said

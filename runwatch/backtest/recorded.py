@@ -55,6 +55,7 @@ from runwatch.backtest.remote_write import push, write_request
 from runwatch.core.command import DEFAULT_STATE, UsageError, check_writable, number
 from runwatch.core.durations import duration_seconds
 from runwatch.core.files import write_atomic
+from runwatch.core.names import RECORDED_INCIDENTS
 from runwatch.exporter import metrics as m
 from runwatch.prom.server import quoted
 from runwatch.prom.tools import binary
@@ -62,9 +63,9 @@ from runwatch.trainer.offline import DEFAULT_START
 
 LAB = "lab"  # --from-prometheus without a value: the lab of .runwatch
 INJECTIONS = {  # kind -> (the alert the plate pages it with, default strength, what it is)
-    "loss_to_chance": ("TrainingLossJump", 1.0, "loss a share S of the way to chance, lasting"),
-    "gradient_spike": ("GradientNormJump", 1.0, "gradient norm x 10^S for 5 samples"),
-    "throughput_cut": ("ThroughputDrop", 0.3, "tokens/s x (1 - S), lasting"),
+    "loss_to_chance": (RECORDED_INCIDENTS["loss_to_chance"], 1.0, "loss a share S of the way to chance, lasting"),
+    "gradient_spike": (RECORDED_INCIDENTS["gradient_spike"], 1.0, "gradient norm x 10^S for 5 samples"),
+    "throughput_cut": (RECORDED_INCIDENTS["throughput_cut"], 0.3, "tokens/s x (1 - S), lasting"),
 }
 SPIKE_SAMPLES = 5  # a gradient spike's length: the plate's lr spike lasts 5 steps
 WARMUP_S = 90  # no onset before this much history: the baselines need 20-30 samples
@@ -449,15 +450,16 @@ def sweep_report(found: dict, swept: workbench.Sweep, current: str | None, injec
     for inj in injections:
         head += [f"{inj.name} caught", "delay"]
     rows = [head]
-    for value, name in zip(swept.values, swept.names, strict=True):
+    written = f"{current} *" if current is not None else "as written *"  # the rule as --rules write it
+    for value, name in [(written, swept.alert), *zip(swept.values, swept.names, strict=True)]:
         c = found["false_alarms"][name]
-        row = [value + (" *" if current is not None and value == current else ""), str(c["pages"]),
-               _n(c["per_hour"])]  # fmt: skip
+        row = [value, str(c["pages"]), _n(c["per_hour"])]
         for inj in injections:
             k = found.get("catches", {}).get(inj.name, {}).get(name)
             row += [f"{k['caught']}/{k['copies']}", _n(k["median_steps"])] if k else ["-", "-"]
         rows.append(row)
-    title = f"{swept.alert}'s {'threshold' if swept.field == 'threshold' else 'for:'} swept over your runs (* in force)"
+    field = "threshold" if swept.field == "threshold" else "for:"
+    title = f"{swept.alert}'s {field} swept over your runs (* the rules' own, first)"
     return "\n".join([title, "", *_columns(rows)])
 
 
