@@ -14,6 +14,7 @@ import json
 import math
 import random
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ from runwatch.backtest import backtest as bt
 from runwatch.backtest import recorded
 from runwatch.backtest.remote_write import push, write_request
 from runwatch.core.command import UsageError
+from runwatch.prom.server import free_port
 from runwatch.prom.tools import binary
 
 pytestmark = pytest.mark.integration
@@ -114,20 +116,24 @@ def test_an_injected_throughput_cut_is_caught_with_its_delay_and_swept(lab_prome
     assert "0.8 *" in got.stdout, got.stdout
 
 
-def test_a_lab_s_state_directory_and_a_tsdb_snapshot_read_the_same(lab_prometheus):
+def test_a_lab_s_state_directory_a_tsdb_snapshot_and_a_stopped_lab_s_tsdb_read_the_same(lab_prometheus):
     base, tmp = lab_prometheus
     state = tmp / "state"
     state.mkdir(exist_ok=True)
     (state / "lab.json").write_text(json.dumps({"urls": {"prometheus": base}}))
     taken = requests.post(f"{base}/api/v1/admin/tsdb/snapshot", timeout=60).json()["data"]["name"]
+    down = tmp / "down"  # a lab that is down: its TSDB on disk is read
+    shutil.copytree(tmp / "lab" / "snapshots" / taken, down / "prometheus-data", dirs_exist_ok=True)
+    (down / "lab.json").write_text(json.dumps({"urls": {"prometheus": f"http://127.0.0.1:{free_port()}"}}))
     docs = []
-    for source in (str(state), str(tmp / "lab" / "snapshots" / taken)):
+    for source in (str(state), str(tmp / "lab" / "snapshots" / taken), str(down)):
         out = tmp / "source.json"
         got = backtest("--from-prometheus", source, "--run-ids", "my-run", "--json", str(out), cwd=tmp)
         assert got.returncode == 0, got.stderr
         docs.append(json.loads(out.read_text()))
     assert docs[0]["source"] == base and docs[1]["source"].startswith("the TSDB in ")
-    assert docs[0]["false_alarms"] == docs[1]["false_alarms"]
+    assert docs[2]["source"] == f"the TSDB in {down / 'prometheus-data'}"
+    assert docs[0]["false_alarms"] == docs[1]["false_alarms"] == docs[2]["false_alarms"]
     assert docs[1]["false_alarms"]["GradientNormJump"]["pages"] == 1
 
 

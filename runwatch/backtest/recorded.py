@@ -62,6 +62,7 @@ from runwatch.prom.tools import binary
 from runwatch.trainer.offline import DEFAULT_START
 
 LAB = "lab"  # --from-prometheus without a value: the lab of .runwatch
+LAB_TSDB = "prometheus-data"  # a lab's Prometheus keeps its TSDB here in its state directory (runwatch.lab.supervise)
 INJECTIONS = {  # kind -> (the alert the plate pages it with, default strength, what it is)
     "loss_to_chance": (RECORDED_INCIDENTS["loss_to_chance"], 1.0, "loss a share S of the way to chance, lasting"),
     "gradient_spike": (RECORDED_INCIDENTS["gradient_spike"], 1.0, "gradient norm x 10^S for 5 samples"),
@@ -196,14 +197,6 @@ def fetch(base: str, run_id: str, families: set[str], end: float, since_s: float
     names = "|".join(sorted(re.escape(f) + "(_total)?" for f in families))
     query = f'{{__name__=~"{names}",run_id="{quoted(run_id)}"}}[{int(since_s)}s]'
     return _get(base, "query", {"query": query, "time": end})["result"]
-
-
-def snapshot_span(tsdb: Path) -> tuple[float, float]:
-    """A TSDB directory's first and last instant (its blocks' meta.json, in ms); a UsageError if it has none."""
-    metas = [json.loads(p.read_text()) for p in tsdb.glob("*/meta.json")]
-    if not metas:
-        raise UsageError(f"--from-prometheus: {tsdb} holds no TSDB block (no */meta.json) and no lab.json")
-    return min(x["minTime"] for x in metas) / 1000, max(x["maxTime"] for x in metas) / 1000
 
 
 # --- 2: the runs as the backtest's clock has them, and the incidents overlaid ---
@@ -466,16 +459,23 @@ def sweep_report(found: dict, swept: workbench.Sweep, current: str | None, injec
 # --- the command ---
 
 
-def source_of(spec: str, tmp: Path, stack) -> Source:
-    """--from-prometheus's value as a Prometheus to read: a URL, a lab's state directory, or a
-    TSDB snapshot served by a Prometheus of its own over a copy (kept running on `stack`)."""
+def source_of(spec: str, tmp: Path, stack: contextlib.ExitStack) -> Source:
+    """--from-prometheus's value as a Prometheus to read: a URL; a lab's state directory (its
+    Prometheus, or if that is down its TSDB on disk); or a TSDB directory (a snapshot, or a
+    stopped Prometheus's data), served by a Prometheus of its own over a copy, kept running on `stack`."""
     from runwatch.core.addresses import lab_url
 
     if spec == LAB or (Path(spec) / "lab.json").is_file():
         state = DEFAULT_STATE if spec == LAB else Path(spec)
         if not (Path(state) / "lab.json").is_file():
             raise UsageError(f"--from-prometheus: no lab in {state} (no lab.json): give its Prometheus's URL")
-        spec = lab_url(Path(state), "prometheus")
+        url, tsdb = lab_url(Path(state), "prometheus"), Path(state) / LAB_TSDB
+        try:
+            return source_of(url, tmp, stack)
+        except UsageError:
+            if not tsdb.is_dir():
+                raise
+        spec = str(tsdb)  # the lab is down: its data on disk
     if re.match(r"https?://", spec):
         base = spec.rstrip("/")
         _get(base, "query", {"query": "vector(1)"})  # reachable, and Prometheus
@@ -483,11 +483,22 @@ def source_of(spec: str, tmp: Path, stack) -> Source:
     tsdb = Path(spec)
     if not tsdb.is_dir():
         raise UsageError(f"--from-prometheus: {spec} is no URL (http://...), lab state directory or TSDB directory")
-    first, last = snapshot_span(tsdb)
-    shutil.copytree(tsdb, tmp / "snapshot", ignore=shutil.ignore_patterns("lock", "wal", "chunks_head"))
-    server = bt._server(binary("prometheus"), tmp, "snapshot", "snapshot", first, last)
+    shutil.copytree(tsdb, tmp / "tsdb", ignore=shutil.ignore_patterns("lock", "snapshots"))
+    server = bt._server(binary("prometheus"), tmp, "tsdb", "tsdb", 0, 0)
     stack.enter_context(server.running())
-    return Source(server.base, last, f"the TSDB in {tsdb}")
+    return Source(server.base, newest(server.base, tmp / "tsdb", spec), f"the TSDB in {tsdb}")
+
+
+def newest(base: str, tsdb: Path, spec: str) -> float:
+    """The newest instant a served TSDB holds: its blocks' (meta.json) or its head's (the WAL a
+    stopped Prometheus left), whichever is later; a UsageError naming the directory if it holds none."""
+    ends = [json.loads(p.read_text())["maxTime"] for p in tsdb.glob("*/meta.json")]
+    head = _get(base, "status/tsdb", {}).get("headStats", {})
+    if head.get("numSeries"):
+        ends.append(head["maxTime"])
+    if not ends:
+        raise UsageError(f"--from-prometheus: {spec} holds no samples (no TSDB block, no head)")
+    return max(ends) / 1000
 
 
 @dataclass
