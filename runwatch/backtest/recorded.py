@@ -261,10 +261,10 @@ def injected(run: Run, inj: Injection, onset_ms: int, onset_step: int, chance: f
     copy_id = f"{run.source}+{inj.name}@{onset_step}"
     lo, hi = onset_ms - BASELINE_S * 1000, onset_ms + HORIZON_S * 1000
     out = []
-    for name, labels, values, stamps in run.series:
-        keep = [i for i, t in enumerate(stamps) if lo <= t <= hi]
-        v, t = [values[i] for i in keep], [stamps[i] for i in keep]
-        after = [i for i, x in enumerate(t) if x >= onset_ms]
+    for name, labels, values, stamps in run.series:  # each series' stamps rise
+        a, b = bisect.bisect_left(stamps, lo), bisect.bisect_right(stamps, hi)
+        v, t = values[a:b], stamps[a:b]
+        after = range(bisect.bisect_left(t, onset_ms), len(t))
         if inj.kind == "loss_to_chance" and name in (m.LOSS, m.HELDOUT_LOSS):
             for i in after:
                 v[i] += inj.strength * (chance - v[i])
@@ -275,7 +275,7 @@ def injected(run: Run, inj: Injection, onset_ms: int, onset_step: int, chance: f
             for i in after:
                 v[i] *= 1 - inj.strength
         elif inj.kind == "throughput_cut" and name == m.TOKENS + "_total" and after:
-            base = v[after[0] - 1] if after[0] > 0 else v[after[0]]
+            base = v[max(after[0] - 1, 0)]
             for i in after:
                 v[i] = base + (v[i] - base) * (1 - inj.strength)
         labels = [(k, copy_id if k == "run_id" else x.replace(f"offline/{run.run_id}", f"offline/{copy_id}", 1)
