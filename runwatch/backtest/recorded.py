@@ -18,8 +18,8 @@ plate's incidents overlaid on them.
    - `gradient_spike:S`: the gradient norm x 10^S for 5 samples (S = 1: ten times);
    - `throughput_cut:S`: tokens/s, and the tokens counter's increase, x (1 - S) from the onset on.
 3. Loads them over remote write into a throwaway Prometheus, as the backtest loads its runs, and
-   evaluates every alert there on the 1 s grid (backtest.plan, backtest.firing_query). Nothing
-   here decides whether an alert fired.
+   evaluates every alert there on the 1 s grid (backtest.plan, backtest.firing_query, and its
+   `keep_firing_for` in PromQL as well: paging_query). Nothing here decides whether an alert fired.
 4. Reports each alert's pages on the untouched history: false alarms, if the runs were healthy
    (each unbroken stretch of firing is one page Alertmanager would send); with `--inject`, per
    incident and alert, the copies caught (the alert fires within HORIZON_S of the onset where the
@@ -212,6 +212,12 @@ class Run:
     onset_ms: int | None = None
     onset_step: int | None = None
     first_ms: int = 0
+    trained_ms: int = 0  # when its step last moved: a finished run's series are scraped on after its end
+
+    @property
+    def hours(self) -> float:
+        """How long it trained: from its first sample to its last step."""
+        return (self.trained_ms - self.first_ms) / 3.6e6
 
 
 def on_the_grid(run_id: str, found: list[dict]) -> Run:
@@ -237,18 +243,20 @@ def on_the_grid(run_id: str, found: list[dict]) -> Run:
                        values, [round(float(t) * 1000) + shift for t, _ in s["values"]]))  # fmt: skip
     t = [x + shift for x in stamps]
     series.append(("up", [("instance", f"offline/{run_id}"), ("job", "trainer")], [1.0] * len(t), t))
-    return Run(run_id, run_id, series, max(max(s[3]) for s in series), first_ms=t[0])
+    values = [float(v) for _, v in steps[0]["values"]]
+    trained = next((t[i] for i in range(len(t) - 1, 0, -1) if values[i] != values[i - 1]), t[-1])
+    return Run(run_id, run_id, series, max(max(s[3]) for s in series), first_ms=t[0], trained_ms=trained)
 
 
 def onsets(run: Run, count: int) -> list[tuple[int, int]]:
     """(time, step) of `count` onsets spread evenly over the run's history, WARMUP_S after its
-    start and before its last minute; a UsageError if it is too short for one."""
+    start and before its last minute of training; a UsageError if it is too short for one."""
     name, _, values, stamps = next(s for s in run.series if s[0] == m.STEP)
     usable = [(t, int(v)) for t, v in zip(stamps, values, strict=True)
-              if t >= run.first_ms + WARMUP_S * 1000 and t <= run.end_ms - 60_000]  # fmt: skip
+              if t >= run.first_ms + WARMUP_S * 1000 and t <= run.trained_ms - 60_000]  # fmt: skip
     if not usable:
         need = WARMUP_S + 60
-        raise UsageError(f"--inject: run {run.source} lasts {(run.end_ms - run.first_ms) / 1000:.0f} s; an injection "
+        raise UsageError(f"--inject: run {run.source} trained {run.hours * 3600:.0f} s; an injection "
                          f"needs {need} s ({WARMUP_S} s of history before its onset, a minute after)")  # fmt: skip
     picks = [usable[int(i * (len(usable) - 1) / max(count - 1, 1))] for i in range(count)] if count > 1 else [
         usable[len(usable) // 2]]  # fmt: skip
@@ -328,6 +336,15 @@ def ranged(base: str, query: str, start: float, end: float) -> list[dict]:
     return list(joined.values())
 
 
+def paging_query(condition: str, rule: dict) -> str:
+    """backtest.firing_query, and `keep_firing_for: K` in PromQL too: firing at T when it fired at
+    an evaluation in [T-K, T] (Prometheus keeps it firing K after its last active evaluation), so
+    that a condition that flickers inside K is one page, as in the lab."""
+    query = bt.firing_query(condition, rule)
+    keep = duration_seconds(str(rule.get("keep_firing_for", "0s")), f"--rules: keep_firing_for: of {rule['alert']}")
+    return f"count_over_time(({query})[{round(keep) * 1000 + 500}ms:1s])" if keep >= 1 else query
+
+
 def evaluate(runs: list[Run], rules: bt.Rules, progress: bt.Progress) -> tuple[dict, dict, int]:
     """Each alert's firing instants per run (run -> alert -> sorted whole seconds), each run's
     step at every instant (run -> second -> step), and the samples loaded."""
@@ -344,7 +361,7 @@ def evaluate(runs: list[Run], rules: bt.Rules, progress: bt.Progress) -> tuple[d
         def firing(i: int) -> list[dict]:
             rule = rules.alerting[i]
             progress(f"reading {rule['alert']} ({i + 1}/{len(rules.alerting)})", done=i + 1 == len(rules.alerting))
-            return ranged(prom.base, bt.firing_query(how.conditions[i], rule), prom.start, prom.end)
+            return ranged(prom.base, paging_query(how.conditions[i], rule), prom.start, prom.end)
 
         with ThreadPoolExecutor(max(1, min(len(rules.alerting), bt.MAX_QUERIES))) as pool, prom.running():
             for rule, found in zip(rules.alerting, pool.map(firing, range(len(rules.alerting))), strict=True):
@@ -367,7 +384,7 @@ def episodes(times: list[int]) -> list[int]:
 
 def false_alarms(runs: list[Run], fired: dict, step_at: dict, alerts: list[str]) -> dict:
     """Per alert: its pages on the untouched runs, where, and per hour of their history."""
-    hours = sum((r.end_ms - r.first_ms) / 3.6e6 for r in runs)
+    hours = sum(r.hours for r in runs)
     out = {}
     for alert in alerts:
         pages = [(r.run_id, step_at.get(r.run_id, {}).get(t)) for r in runs
@@ -589,7 +606,7 @@ def run(args: argparse.Namespace) -> int:
 def results(what: str, runs: list[Run], copies: list[Run], fired: dict, step_at: dict, alerts: list[str],
             asked: Settings) -> dict:  # fmt: skip
     """What the report says, as JSON, and as text under "text"."""
-    found: dict = {"source": what, "runs": [{"run_id": r.run_id, "seconds": (r.end_ms - r.first_ms) / 1000,
+    found: dict = {"source": what, "runs": [{"run_id": r.run_id, "seconds": round(r.hours * 3600),
                    "steps": _span(step_at.get(r.run_id, {}))} for r in runs],
                    "false_alarms": false_alarms(runs, fired, step_at, alerts)}  # fmt: skip
     names = ", ".join(f"{r['run_id']} (steps {r['steps']}, {r['seconds']:.0f} s)" for r in found["runs"])
