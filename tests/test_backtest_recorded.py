@@ -70,6 +70,7 @@ def lab_prometheus(tmp_path_factory):
     end = time.time() - 60
     with server.running():
         series = history("my-run", 1200, end, SPIKE_AT) + history("quiet-run", 600, end, seed=2)
+        series += history("short-run", 100, end, seed=3)  # too short for an onset
         labels = [("instance", "127.0.0.1:8001"), ("job", "trainer"), ("run_id", "no-samples")]
         series.append(("runwatch_train_run_info", labels, [1.0] * 5, [int(end - 5 + i) * 1000 for i in range(5)]))
         push(server.base, write_request(series)[0])
@@ -146,6 +147,8 @@ def test_a_lab_s_state_directory_a_tsdb_snapshot_and_a_stopped_lab_s_tsdb_read_t
         (["--inject", "meteor:0.5"], "--inject: unknown incident 'meteor'"),
         (["--inject", "throughput_cut:2"], "--inject: throughput_cut's strength must be"),
         (["--incidents", "lr_spike"], "--incidents: configures the simulated runs"),
+        (["--run-ids", "short-run", "--inject", "throughput_cut"], "--inject: run short-run trained 99 s; an"),
+        (["--since", "0s"], "--since: must be a positive duration"),
     ],
 )
 def test_bad_input_gets_one_line_naming_its_flag(lab_prometheus, args, said):

@@ -548,9 +548,10 @@ def settings(args: argparse.Namespace) -> Settings:
     return Settings(rules_dir, since_s, injections, chance, swept)
 
 
-def read_runs(spec: str, run_ids: str | None, families: set[str], since_s: float, progress: bt.Progress
-              ) -> tuple[str, list[Run]]:  # fmt: skip
-    """(where they came from, each run asked for on the backtest's clock) from --from-prometheus's source."""
+def read_runs(spec: str, run_ids: str | None, families: set[str], since_s: float, progress: bt.Progress,
+              injecting: bool = False) -> tuple[str, list[Run]]:  # fmt: skip
+    """(where they came from, each run asked for on the backtest's clock) from --from-prometheus's
+    source; `injecting`: each must be long enough for an onset."""
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="runwatch-source-")))
         source = source_of(spec, tmp, stack)
@@ -572,6 +573,8 @@ def read_runs(spec: str, run_ids: str | None, families: set[str], since_s: float
                 raise UsageError(f"--run-ids: run {r} has no samples of the series the rules read in the "
                                  f"{since_s:g} s before {when} UTC (--since)")  # fmt: skip
             runs.append(on_the_grid(r, found))
+            if injecting:
+                onsets(runs[-1], 1)  # refused before any work, naming --inject
             progress(f"read {r}: {sum(len(s[3]) for s in runs[-1].series):,} samples")
     return source.what, runs
 
@@ -588,7 +591,7 @@ def run(args: argparse.Namespace) -> int:
     if asked.swept is not None:
         rules = workbench.variants(asked.swept)(rules)
     what, runs = read_runs(args.from_prometheus, args.run_ids, bt.families_read(rules) - {"up"}, asked.since_s,
-                           progress)  # fmt: skip
+                           progress, bool(asked.injections))  # fmt: skip
     at = {r.run_id: onsets(r, args.onsets) if asked.injections else [] for r in runs}
     copies = [injected(r, inj, t, step, asked.chance) for r in runs for t, step in at[r.run_id]
               for inj in asked.injections]  # fmt: skip
