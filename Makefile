@@ -106,7 +106,7 @@ test-torch: $(VENV)/.torch binaries
 test-k8s: $(VENV)/.installed binaries k8s-tools
 	$(PYTEST) tests/test_chart.py -n 2
 
-test-compose: $(VENV)/.installed binaries compose-runtime
+test-compose: $(VENV)/.installed binaries browser compose-runtime
 	$(PYTEST) -m compose tests/test_compose_e2e.py
 
 lab: $(VENV)/.installed binaries
@@ -122,8 +122,9 @@ test-fresh:
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
+# Benchmarks write their figures into docs/figures.md through benchmarks/figures.py, never by hand
 bench: $(VENV)/.installed
-	$(PY) benchmarks/bench_trainer.py
+	$(PY) benchmarks/figures.py record trainer "The trainer's step, its instrumentation and /metrics" -- $(PY) benchmarks/bench_trainer.py
 
 bench-watch: $(VENV)/.torch
 	$(PY) benchmarks/bench_watch.py

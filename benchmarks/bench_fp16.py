@@ -12,7 +12,7 @@ import argparse
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 
-from runwatch.backtest.backtest import parse_seeds
+from runwatch.backtest.plan import parse_seeds
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.run import Trainer
 

@@ -27,9 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from runwatch.backtest import backtest as bt
-from runwatch.backtest import signatures
+from runwatch.backtest import data, signatures
+from runwatch.backtest.plan import families_read
 from runwatch.backtest.remote_write import push, write_request
+from runwatch.backtest.rules import load_rules
 from runwatch.core.paths import Layout
 from runwatch.prom.tools import binary
 from runwatch.trainer.batch import train_columns
@@ -51,12 +52,12 @@ def main() -> int:
     first, _, last = span.partition("-")
     seeds = list(range(int(first), int(last) + 1, int(step or 1)))
     prometheus, promtool = binary("prometheus"), binary("promtool")
-    families = bt.families_read(bt.load_rules(Layout().rules_dir, promtool))
+    families = families_read(load_rules(Layout().rules_dir, promtool))
     configs = [TrainConfig(incident=i, seed=s) for s in seeds for i in signatures.INCIDENTS]
     columns = train_columns(configs)
 
     def runs() -> list[OfflineRun]:  # fresh runs: nothing computed yet
-        return [OfflineRun(c, _copy(col), shift_ms=bt.GRID_PHASE_MS) for c, col in zip(configs, columns, strict=True)]
+        return [OfflineRun(c, _copy(col), shift_ms=data.GRID_PHASE_MS) for c, col in zip(configs, columns, strict=True)]
 
     text, pushed = [], []
     gc.disable()
@@ -73,10 +74,10 @@ def main() -> int:
             batch = runs()
             t0, c0 = time.process_time(), children_cpu()
             body, n = write_request(s for run in batch for s in series(run, families))
-            loader = bt._loader(prometheus, tmp)
+            loader = data.loading_server(prometheus, tmp)
             with loader.running():
                 push(loader.base, body)
-                bt._snapshot(loader, tmp / "pushed")
+                data.snapshot(loader, tmp / "pushed")
             pushed.append(time.process_time() - t0 + children_cpu() - c0)
             assert n == samples
     print(f"{len(configs)} runs, {samples:,} samples, CPU seconds (median / best of {args.repeats})")

@@ -65,9 +65,12 @@ FORM_TYPE = "application/x-www-form-urlencoded"  # the console's forms; never mu
 class Console:
     """The app's state: where it reads, its form token, and the results of recent actions."""
 
-    def __init__(self, sources: Sources, runwatch: list[str] | None = None, pager_token: Path | None = None) -> None:
+    def __init__(self, sources: Sources, runwatch: list[str] | None = None, pager_token: Path | None = None,
+                 alertmanager_password: Path | None = None, lesson_tmp: Path | None = None) -> None:  # fmt: skip
         self.sources = sources
+        self.lesson_tmp = lesson_tmp  # where the lab guide's commands write ($TMP of a lesson's checks; None: /tmp)
         self.pager_token = pager_token  # the pager's token file, which an Ack carries (runwatch ack --token-file)
+        self.alertmanager_password = alertmanager_password  # compose's: an Ack's silence carries it
         self.runwatch = runwatch or [sys.executable, "-m", "runwatch"]
         self.token = secrets.token_urlsafe(32)
         self.notices: dict[str, str] = {}
@@ -243,6 +246,8 @@ async def ack(request: Request) -> Response:
         args = ["ack", alert, f"--run={run}", f"--comment={form.get('comment', '')}",
                 f"--alertmanager={console.sources.alertmanager}", f"--pager={console.sources.pager}"]  # fmt: skip
         args += [f"--token-file={console.pager_token}"] if console.pager_token else []
+        pw = console.alertmanager_password
+        args += [f"--alertmanager-password-file={pw}"] if pw else []
         said = await run_in_threadpool(console.command, *args)
     return _back(run, console.notice(said))
 
@@ -323,17 +328,19 @@ ROUTES = [
 
 
 def make_app(sources: Sources, runwatch: list[str] | None = None, hosts: frozenset[str] | None = None,
-             pager_token: Path | None = None) -> Starlette:  # fmt: skip
+             pager_token: Path | None = None, alertmanager_password: Path | None = None,
+             lesson_tmp: Path | None = None) -> Starlette:  # fmt: skip
     """The console's ASGI app, reading from sources; runwatch: how to run the command line;
     hosts: the Host headers it answers (runwatch.core.addresses.served_hosts; by default the
-    loopback names of the documented port); pager_token: the pager's token file, for acks
-    (by default, `runwatch ack` takes the --state-dir lab's)."""
+    loopback names of the documented port); pager_token and alertmanager_password: the pager's
+    token file and Alertmanager's password file, for acks (by default, `runwatch ack` takes the
+    --state-dir lab's); lesson_tmp: the lessons' $TMP (by default /tmp)."""
     hosts = served_hosts(LOOPBACK, PORTS["console"]) if hosts is None else hosts
     app = Starlette(
         routes=ROUTES, middleware=[Middleware(SecurityHeaders), Middleware(RequestGuard, hosts=hosts)],
         exception_handlers={BoundedReadError: _unreadable},
     )  # fmt: skip
-    app.state.console = Console(sources, runwatch, pager_token)
+    app.state.console = Console(sources, runwatch, pager_token, alertmanager_password, lesson_tmp)
     app.state.form = _form  # how console/rules.py takes a form: this module's token and origin checks
     return app
 

@@ -15,6 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
+from runwatch.core import credentials
 from runwatch.core.addresses import lab_url, served_hosts
 from runwatch.core.command import Parser, UsageError
 from runwatch.core.names import LOOPBACK, PORTS, url
@@ -66,8 +67,13 @@ def parser() -> Parser:
     p.add_argument("--pager-token-file", type=Path, default=None, metavar="PATH",
                    help="the pager's token, which each Ack carries as Alertmanager's webhooks do "
                         "(default: the --state-dir lab's pager.token; none without a state dir)")  # fmt: skip
+    p.add_argument("--alertmanager-password-file", type=Path, default=None, metavar="PATH",
+                   help="Alertmanager's password, which each Ack's silence carries (compose: its credentials "
+                        "volume's; default: the --state-dir lab's)")  # fmt: skip
     p.add_argument("--state-dir", type=Path, default=None,
                    help="the native lab's state directory: its current run, and its drill to diagnose")  # fmt: skip
+    p.add_argument("--tmp-dir", type=Path, default=None, metavar="DIR",
+                   help="where the lab guide's commands write, which the Lessons page checks ($TMP: /tmp)")  # fmt: skip
     return p
 
 
@@ -76,12 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_or_status(argv)
     if isinstance(args, int):
         return args
-    if args.pager_token_file is not None:
-        try:  # said now, in one line, not at the first Ack
+    try:  # said now, in one line, not at the first Ack
+        if args.pager_token_file is not None:
             read_token(args.pager_token_file, "--pager-token-file")
-        except UsageError as err:
-            print(f"{p.prog}: {err}", file=sys.stderr)
-            return 2
+        if args.alertmanager_password_file is not None:
+            credentials.from_file(args.alertmanager_password_file, "--alertmanager-password-file")
+    except UsageError as err:
+        print(f"{p.prog}: {err}", file=sys.stderr)
+        return 2
     if args.state_dir is not None and not args.state_dir.is_dir():
         print(f"{p.prog}: --state-dir: {args.state_dir} is not a directory", file=sys.stderr)
         return 2
@@ -119,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     # KEEP_ALIVE_S is closed; Starlette's thread pool (40) bounds the endpoints that block.
     # Measured under slow connections by benchmarks/bench_slow_connections.py.
     config = uvicorn.Config(
-        make_app(sources, hosts=hosts, pager_token=args.pager_token_file and args.pager_token_file.absolute()),
+        make_app(sources, hosts=hosts, pager_token=args.pager_token_file and args.pager_token_file.absolute(),
+                 alertmanager_password=args.alertmanager_password_file and args.alertmanager_password_file.absolute(),
+                 lesson_tmp=args.tmp_dir and args.tmp_dir.absolute()),
         log_level="warning", access_log=False, lifespan="off",
         limit_concurrency=LIMIT_CONCURRENCY, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG,
         http=bounded_h11(HEAD_TIMEOUT_S, MAX_WAITING),

@@ -55,6 +55,7 @@ DELEGATED = {
     "pager-serve": ("runwatch.oncall.pager_serve", "main"),
     "console": ("runwatch.console.serve", "main"),
     "probe": ("runwatch.probe", "main"),
+    "credentials": ("runwatch.credentials", "main"),
 }
 
 
@@ -72,6 +73,7 @@ def build_parser(wanted: str | None = None) -> tuple[Parser, dict[str, Command]]
     sub.add_parser("pager-serve", help="run the on-call pager (Alertmanager's webhook receiver)", add_help=False)
     sub.add_parser("console", help="serve the on-call console (plate, pages, runbooks, ack, diagnose)", add_help=False)
     sub.add_parser("probe", help="exit 0 if a URL answers 200: the containers' healthcheck", add_help=False)
+    sub.add_parser("credentials", help="make compose's Alertmanager password (its one-shot service)", add_help=False)
     return parser, handlers
 
 

@@ -16,7 +16,8 @@ whether an alert should fire; it asks one of three things:
 
 `$RUN` in a check is the lab's run (its lab.json), `$STATE` its state directory, `$TMP` the folder
 the guide's commands write to (/tmp; `--tmp-dir`). Progress is kept in the state directory
-(lessons.json): a step once done stays done, across restarts.
+(lessons.json): a step once done stays done, across restarts. `check N --open` runs only the
+steps not yet done (the console's Lessons page polls so, and a step completes itself).
 
     $ runwatch lesson check 2
     lesson 2 of 7: Exercise 2: match each incident to its signature
@@ -282,43 +283,55 @@ def add_arguments(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--root", type=Path, default=None, help="the checkout whose docs/lab-guide.md to read")
     p.add_argument("--prometheus", default="", metavar="URL", help="the lab's Prometheus (default: from its state dir)")
     p.add_argument("--pager", default="", metavar="URL", help="the lab's pager (default: from its state dir)")
+    p.add_argument("--open", action="store_true",
+                   help="check: run only the steps not yet done (those done before stay done, unchecked); "
+                        "the console's Lessons page polls this way")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON (the console's Lessons page reads it)")
     return run
 
 
 def run(args: argparse.Namespace) -> int:
     lessons = read_lessons(guide_path(args.root))
+    meta = args.state_dir / "lab.json"
+    run_id = str(read_json(meta, "the lab's record").get("run_id") or "") if meta.exists() else ""
+    lab = Lab(args.state_dir.absolute(), run_id, args.tmp_dir, args.prometheus, args.pager)
     if args.action == "list":
         if args.number is not None:
             raise UsageError(f"lesson list takes no number (to check one: runwatch lesson check {args.number})")
-        return list_lessons(lessons, args.state_dir, args.json)
+        if args.open:
+            raise UsageError("lesson list takes no --open (it checks nothing: runwatch lesson check N --open)")
+        return list_lessons(lessons, lab, args.json)
     if args.number is None:
         raise UsageError(f"lesson check: which lesson? a number from 1 to {len(lessons)}")
     if not 1 <= args.number <= len(lessons):
         raise UsageError(f"lesson check: no lesson {args.number}; the lab guide has lessons 1 to {len(lessons)}")
-    meta = args.state_dir / "lab.json"
-    run_id = str(read_json(meta, "the lab's record").get("run_id") or "") if meta.exists() else ""
-    lab = Lab(args.state_dir.absolute(), run_id, args.tmp_dir, args.prometheus, args.pager)
-    return check_lesson(lessons[args.number - 1], len(lessons), lab, args.json)
+    return check_lesson(lessons[args.number - 1], lessons, lab, args.json, args.open)
 
 
-def results(lesson: Lesson, lab: Lab) -> list[dict]:
-    """Each step of the lesson checked now: its objective, OK or not, what it asks, what it found."""
+def results(lesson: Lesson, lab: Lab, skip: frozenset[int] = frozenset()) -> list[dict]:
+    """Each step of the lesson checked now: its objective, OK or not, what it asks, what it found.
+    A step in `skip` (done before) is not checked again: it stays OK, found "done before"."""
     out = []
     for i, step in enumerate(lesson.steps, 1):
-        ok, found = check(step, lab)
+        ok, found = (True, "done before") if i in skip else check(step, lab)
         out.append({"step": i, "text": step.text, "ok": ok, "checks": describe(step, lab), "found": found,
                     "hint": step.hint})  # fmt: skip
     return out
 
 
-def check_lesson(lesson: Lesson, total: int, lab: Lab, as_json: bool = False) -> int:
-    steps = results(lesson, lab)
+def check_lesson(
+    lesson: Lesson, lessons: list[Lesson], lab: Lab, as_json: bool = False, only_open: bool = False
+) -> int:
+    """Check the lesson's steps (only those not yet done, with `only_open`), keep what passed in
+    the progress, and print it; 0 once every step passes (or passed before, with `only_open`)."""
+    total = len(lessons)
+    before = frozenset(read_progress(lab.state).get(str(lesson.number), [])) if only_open else frozenset()
+    steps = results(lesson, lab, before)
     done = [s["step"] for s in steps if s["ok"]]
     ever = record_progress(lab.state, lesson.number, done)
     if as_json:
         print(json.dumps({"lesson": lesson.number, "of": total, "title": lesson.title, "steps": steps,
-                          "done_ever": ever}), flush=True)  # fmt: skip
+                          "done_ever": ever, "next": progress(lessons, lab)["next"]}), flush=True)  # fmt: skip
         return 0 if len(done) == len(steps) else 1
     print(f"lesson {lesson.number} of {total}: {lesson.title}")
     for s in steps:
@@ -330,18 +343,20 @@ def check_lesson(lesson: Lesson, total: int, lab: Lab, as_json: bool = False) ->
     return 0 if len(done) == len(steps) else 1
 
 
-def progress(lessons: list[Lesson], state: Path) -> dict:
-    """Every lesson with the steps ever done, and the next step to do (None once all are)."""
-    done = read_progress(state)
+def progress(lessons: list[Lesson], lab: Lab) -> dict:
+    """Every lesson with the steps ever done, each step's check and hint, and the next step to
+    do (None once all are)."""
+    done = read_progress(lab.state)
     rows = [{"lesson": x.number, "title": x.title, "steps": [s.text for s in x.steps],
+             "checks": [describe(s, lab) for s in x.steps], "hints": [s.hint for s in x.steps],
              "done": done.get(str(x.number), [])} for x in lessons]  # fmt: skip
     todo = [(r, i) for r in rows for i in range(1, len(r["steps"]) + 1) if i not in r["done"]]
     upnext = {"lesson": todo[0][0]["lesson"], "step": todo[0][1], "text": todo[0][0]["steps"][todo[0][1] - 1]}
     return {"lessons": rows, "next": upnext if todo else None}
 
 
-def list_lessons(lessons: list[Lesson], state: Path, as_json: bool = False) -> int:
-    found = progress(lessons, state)
+def list_lessons(lessons: list[Lesson], lab: Lab, as_json: bool = False) -> int:
+    found = progress(lessons, lab)
     if as_json:
         print(json.dumps(found), flush=True)
         return 0

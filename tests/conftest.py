@@ -1,6 +1,7 @@
 """Shared helpers: real binaries and free loopback ports."""
 
 import contextlib
+import http.server
 import itertools
 import json
 import os
@@ -8,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -308,3 +310,26 @@ def tab(browser):
     yield page
     context.close()
     assert dialogs == [], f"a page ran a dialog: {dialogs}"
+
+
+class _Evil(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = b"<!doctype html><title>evil.example</title><p>a page of another origin"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def evil_origin():
+    """A page served from an origin that is none of the lab's: localhost on a port of its own."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Evil)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://localhost:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()

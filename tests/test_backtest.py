@@ -14,8 +14,12 @@ import psutil
 import pytest
 
 from runwatch.backtest import backtest as bt
-from runwatch.backtest.backtest import duration_seconds, parse_seeds, report
+from runwatch.backtest import data, evaluate
+from runwatch.backtest.plan import Schedule, parse_seeds
+from runwatch.backtest.report import report
+from runwatch.core.bounded import MAX_RULE_FILE_BYTES
 from runwatch.core.command import UsageError
+from runwatch.core.durations import duration_seconds
 from runwatch.core.paths import REPO
 from runwatch.prom.server import instant, query_range
 from tests.conftest import edit, need, threshold, wait_for
@@ -144,6 +148,63 @@ def test_rules_that_fail_promtool_are_refused_with_its_message(tmp_path):
     first = res.stderr.splitlines()[0]
     assert first.startswith("runwatch backtest: --rules: promtool check rules refused")
     assert "alerts.yml" in res.stderr and "parse error" in res.stderr
+    assert list(tmp_path.iterdir()) == [rules]
+
+
+# An alert that flickers: x counts up one an evaluation, and x % 20 < 10 holds for 10
+# evaluations, then not for 10. Prometheus keeps a firing alert firing until K evaluations
+# after the condition last held: with K = 10 it bridges each gap of 10; with K = 9 it resolves
+# at the gap's last evaluation (19, 39) and fires, and pages, again at the next.
+FLICKER_FIRING = {10: set(range(40)), 9: set(range(40)) - {19, 39}}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("keep", sorted(FLICKER_FIRING))
+def test_keep_firing_for_is_read_as_prometheus_keeps_the_alert_firing(tmp_path, keep):
+    """Issue 39: nothing read keep_firing_for, so a rule using it (ThroughputDrop's 30 s) began to
+    fire, and paged, more often in the backtest than in the lab. Both sides of its boundary,
+    in promtool: the alert's own state and the backtest's firing query, evaluated by Prometheus."""
+    from runwatch.backtest.plan import firing_query
+
+    rule = {"alert": "Flicker", "expr": "x % 20 < 10", "keep_firing_for": f"{keep}s"}
+    query = firing_query(rule["expr"], rule)
+    assert query == f"count_over_time((x % 20 < 10)[{keep * 1000 + 500}ms:1s])"
+    (tmp_path / "r.yml").write_text(json.dumps({"groups": [{"name": "g", "interval": "1s", "rules": [rule]}]}))
+    firing = FLICKER_FIRING[keep]
+    test = {"rule_files": ["r.yml"], "evaluation_interval": "1s", "tests": [{
+        "interval": "1s", "input_series": [{"series": "x", "values": "0+1x60"}],
+        "alert_rule_test": [{"eval_time": f"{t}s", "alertname": "Flicker",
+                             "exp_alerts": [{"exp_labels": {}}] if t in firing else []} for t in range(40)],
+        "promql_expr_test": [{"expr": f"count({query})", "eval_time": f"{t}s",
+                              "exp_samples": [{"labels": "{}", "value": 1}] if t in firing else []} for t in range(40)],
+    }]}  # fmt: skip
+    (tmp_path / "t.yml").write_text(json.dumps(test))
+    res = subprocess.run([need("promtool"), "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_an_alert_with_both_for_and_keep_firing_for_is_named_as_one_that_cannot_be_backtested():
+    """Prometheus keeps such an alert firing through a short gap without waiting its for: again:
+    a state no query over stored data replays, so the backtest says so instead of guessing."""
+    from runwatch.backtest.rules import holds
+
+    assert holds({"alert": "A", "expr": "x", "for": "10s"}) == (10, 0)
+    assert holds({"alert": "A", "expr": "x", "for": "10s", "keep_firing_for": "0s"}) == (10, 0)
+    with pytest.raises(UsageError, match=r"^--rules: alert A cannot be backtested: it has both for: and keep_firing"):
+        holds({"alert": "A", "expr": "x", "for": "10s", "keep_firing_for": "30s"})
+
+
+@pytest.mark.integration
+def test_a_rule_file_with_an_alert_that_cannot_be_backtested_is_refused_before_any_run(tmp_path):
+    rules = tmp_path / "rules"
+    shutil.copytree(REPO / "prometheus" / "rules", rules)
+    edit(rules / "alerts.yml", "        keep_firing_for: 30s\n", "        for: 5s\n        keep_firing_for: 30s\n", 1)
+    res = backtest("--seeds", "0", "--rules", str(rules), cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "runwatch backtest: --rules: alert ThroughputDrop cannot be backtested: it has both for: and keep_firing_for:, "
+        "whose state no query over stored data replays; backtest it with one of them"
+    ]
     assert list(tmp_path.iterdir()) == [rules]
 
 
@@ -330,10 +391,10 @@ def test_a_backfilled_recording_lands_on_the_whole_seconds_subqueries_evaluate_o
     Prometheus: no group's hashed phase is involved (promtool's `create-blocks-from rules` has one)."""
     prometheus = need("prometheus")
     families = {"runwatch_train_step", "up"}
-    meta, _ = bt._train_and_load([5], ("none",), tmp_path, families, prometheus, 1, "fp64", lambda *a, **k: None)
-    prom = bt._throwaway(prometheus, tmp_path, meta)
+    meta, _ = data.train_and_load([5], ("none",), tmp_path, families, prometheus, 1, "fp64", lambda *a, **k: None)
+    prom = data.throwaway(prometheus, tmp_path, meta)
     rule = {"record": "backtest:step:count", "expr": "count(runwatch_train_step)", "labels": {"why": "test"}}
-    bt._backfill(prom, [[rule]], lambda *a, **k: None)
+    evaluate.backfill(prom, [[rule]], lambda *a, **k: None)
     with prom.running():
         found = instant(prom.base, "timestamp(backtest:step:count)", prom.start + 100.5)
         stamps = query_range(prom.base, "timestamp(backtest:step:count)", prom.start, prom.end, 7.0)
@@ -351,7 +412,7 @@ def test_the_grid_is_the_live_lab_s_scrapes_on_the_lab_clock():
     from runwatch.trainer.offline import OfflineRun, simulate
 
     run = simulate(TrainConfig(seed=1))
-    shifted = OfflineRun(run.cfg, run.records, shift_ms=bt.GRID_PHASE_MS)
+    shifted = OfflineRun(run.cfg, run.records, shift_ms=data.GRID_PHASE_MS)
     lab = [r.lab_time for r in run.records]
     for stamp, t in zip(shifted.stamps_ms(), lab, strict=True):
         assert (stamp / 1000 - run.start) % 1 == pytest.approx((t - SCRAPE_PHASE) % 1, abs=1e-3)
@@ -365,7 +426,7 @@ def test_the_grid_is_the_live_lab_s_scrapes_on_the_lab_clock():
 def test_a_group_reads_another_s_recording_late_when_that_one_evaluates_after_it(
     after_scrape, training_reads_baselines
 ):
-    schedule = bt.Schedule(after_scrape)
+    schedule = Schedule(after_scrape)
     assert schedule.lag(("runwatch-training", 0), ("runwatch-baselines", 4)) == training_reads_baselines
     assert schedule.lag(("runwatch-cluster", 3), ("runwatch-cluster", 0)) == 0  # earlier in its own group
     assert schedule.lag(("runwatch-cluster", 0), ("runwatch-cluster", 3)) == 1  # later: the last evaluation's
@@ -378,7 +439,7 @@ def test_a_lab_s_order_moves_only_the_alerts_that_read_recordings_alone():
     """In a lab whose alerts evaluate after the scrape and before the baselines, an alert whose
     condition is recordings only (TrainingLossJump) reads them a scrape late: one step later."""
     seeds, rules = [3], REPO / "prometheus" / "rules"
-    late = bt.Schedule({"runwatch-baselines": 0.9, "runwatch-training": 0.3, "runwatch-targets": 0.5,
+    late = Schedule({"runwatch-baselines": 0.9, "runwatch-training": 0.3, "runwatch-targets": 0.5,
                         "runwatch-cluster": 0.1, "runwatch-cluster-10m": 0.2})  # fmt: skip
     fresh = bt.backtest(seeds, rules, ("corrupt_shard",), progress=lambda *a, **k: None)
     lagged = bt.backtest(seeds, rules, ("corrupt_shard",), progress=lambda *a, **k: None, schedule=late)
@@ -438,7 +499,7 @@ def test_bad_cluster_flags(tmp_path, args, flag):
 def test_a_rule_file_that_is_a_device_or_too_big_is_refused_before_promtool_reads_it(tmp_path):
     """`--rules` with a.yml -> /dev/zero took promtool to 8.5 GB in 5 s."""
     for name, make in (("device", lambda p: p.symlink_to("/dev/zero")),
-                       ("huge", lambda p: p.write_bytes(b"#" * ((bt.MAX_RULE_FILE_BYTES) + 1)))):  # fmt: skip
+                       ("huge", lambda p: p.write_bytes(b"#" * ((MAX_RULE_FILE_BYTES) + 1)))):  # fmt: skip
         rules = tmp_path / name
         shutil.copytree(REPO / "prometheus" / "rules", rules)
         make(rules / "a.yml")

@@ -25,6 +25,8 @@ import requests
 import yaml
 
 from runwatch.backtest import backtest as bt
+from runwatch.backtest.plan import RACE_S, Schedule
+from runwatch.core.durations import duration_seconds
 from runwatch.core.names import FIRST_FIRED
 from runwatch.core.paths import REPO
 from runwatch.lab.supervise import Lab
@@ -53,10 +55,10 @@ def longest_reach(rules_dir: Path) -> float:
             for rule in group["rules"] if group["name"] in GROUPS_READ else ():
                 if rule.get("record") == FIRST_FIRED:  # bookkeeping: it reads back 10 minutes, decides nothing
                     continue
-                ranges = [bt.duration_seconds(r) for r in re.findall(r"\[(\w+)(?::\w*)?\]", rule["expr"])]
-                offsets = [bt.duration_seconds(o) for o in re.findall(r"offset\s+(\w+)", rule["expr"])]
+                ranges = [duration_seconds(r) for r in re.findall(r"\[(\w+)(?::\w*)?\]", rule["expr"])]
+                offsets = [duration_seconds(o) for o in re.findall(r"offset\s+(\w+)", rule["expr"])]
                 reach = max(reach, max(ranges, default=0) + max(offsets, default=0))
-                hold = max(hold, bt.duration_seconds(str(rule.get("for", "0s"))))
+                hold = max(hold, duration_seconds(str(rule.get("for", "0s"))))
     return reach + hold
 
 
@@ -97,9 +99,9 @@ def off_the_lab_clock(prom: str, run_dir: Path, cfg: TrainConfig, last: int) -> 
     values = instant(prom, f'runwatch_train_step{{run_id="{cfg.run_id}"}}[15m]')[0]["values"]
     scrapes = [(float(t) - zero, int(v)) for t, v in values if int(v) <= last]
     phase = statistics.median(from_scrape(t) for t, _ in scrapes)
-    wrong = [] if abs(phase) < bt.RACE_S else [f"{cfg.run_id}: its scrapes fall {phase:+.3f} s off SCRAPE_PHASE"]
+    wrong = [] if abs(phase) < RACE_S else [f"{cfg.run_id}: its scrapes fall {phase:+.3f} s off SCRAPE_PHASE"]
     for t, v in scrapes:
-        near = min(abs(t - end[v]), abs(end[v + 1] - t)) < bt.RACE_S  # a step ends within RACE_S of it
+        near = min(abs(t - end[v]), abs(end[v + 1] - t)) < RACE_S  # a step ends within RACE_S of it
         if not near and not end[v] <= t < end[v + 1]:
             wrong.append(f"{cfg.run_id}: the scrape at lab time {t:.3f} shows step {v}")
     return wrong
@@ -108,10 +110,10 @@ def off_the_lab_clock(prom: str, run_dir: Path, cfg: TrainConfig, last: int) -> 
 def trainer_down_for(rules_dir: Path) -> float:
     """TrainerDown's `for:`: the time it allows a starting Prometheus to find and scrape a trainer."""
     rules = [r for g in yaml.safe_load((rules_dir / "alerts.yml").read_text())["groups"] for r in g["rules"]]
-    return bt.duration_seconds(next(r["for"] for r in rules if r.get("alert") == "TrainerDown"))
+    return duration_seconds(next(r["for"] for r in rules if r.get("alert") == "TrainerDown"))
 
 
-def fires(cfg: TrainConfig, rules: Path, schedule: bt.Schedule | None, horizon: int = 10**9) -> dict[str, int]:
+def fires(cfg: TrainConfig, rules: Path, schedule: Schedule | None, horizon: int = 10**9) -> dict[str, int]:
     """The backtest's first fires of one run, up to step `horizon`."""
     res = bt.backtest([cfg.seed], rules, (cfg.incident,), workers=1, progress=lambda *a, **k: None, schedule=schedule)
     return {a: s for a, s in res.runs[0]["first_fire"].items() if s is not None and s <= horizon}
@@ -121,7 +123,7 @@ def compare(root: Path, state: Path, cfg: TrainConfig, fast_forward: int, horizo
     """Start a lab of cfg's incident and seed with its control in `state`, and compare each run's
     first-fire record with the backtest's; None if a rule group races a trainer's scrapes."""
     rules, glob = root / "prometheus" / "rules", config()
-    scrape, evaluation = (bt.duration_seconds(glob[k]) for k in ("scrape_interval", "evaluation_interval"))
+    scrape, evaluation = (duration_seconds(glob[k]) for k in ("scrape_interval", "evaluation_interval"))
     # A first fire at step s is recorded by the evaluation that reads the scrape showing s; it has
     # happened once the scrapes show s + margin: one scrape late at most (Schedule), one
     # evaluation interval, and one scrape interval for the record's evaluation to read it.
@@ -148,8 +150,8 @@ def compare(root: Path, state: Path, cfg: TrainConfig, fast_forward: int, horizo
             "every rule group's first evaluation (the slowest's comes within its interval)",
         )
         schedules = {
-            run_id: bt.Schedule.of_lab(prom, lab.ports["trainer"]),
-            control_id: bt.Schedule.of_lab(prom, lab.ports["control"]),
+            run_id: Schedule.of_lab(prom, lab.ports["trainer"]),
+            control_id: Schedule.of_lab(prom, lab.ports["control"]),
         }
         if any(set(GROUPS_READ) & s.racing for s in schedules.values()):
             return None  # a group evaluating while a trainer's scrape is in flight reads it or not, at random
@@ -158,7 +160,7 @@ def compare(root: Path, state: Path, cfg: TrainConfig, fast_forward: int, horizo
         # first, the phase it waits for after them (under a second), and a scrape's timeout
         end = ends(cfg)
         bound = end[horizon + margin] - (end[fast_forward - 1] if fast_forward else 0.0) + PHASE_SCRAPES * scrape + 1
-        bound += bt.duration_seconds(glob["scrape_timeout"])
+        bound += duration_seconds(glob["scrape_timeout"])
         wait_for(lambda: step_of(prom, run_id) >= horizon + margin, bound, f"{run_id} to pass step {horizon + margin}")
         live = live_first_fires(prom)
         recorded = {rid: {a: s for a, s in live.get(rid, {}).items() if s <= horizon} for rid in both}
@@ -193,13 +195,9 @@ def test_the_backtest_reads_the_first_fires_the_live_lab_records(incident, seed,
     # a live scrape reads such a step as the backtest does, whatever the milliseconds.
     end = ends(cfg)
     close = [
-        s
-        for f in fresh
-        for fire in f.values()
-        for s in range(fire - 1, fire + 3)
-        if abs(from_scrape(end[s])) < bt.RACE_S
+        s for f in fresh for fire in f.values() for s in range(fire - 1, fire + 3) if abs(from_scrape(end[s])) < RACE_S
     ]
-    assert not close, f"seed {seed}: steps {close} end within {bt.RACE_S} s of a scrape: choose another seed"
+    assert not close, f"seed {seed}: steps {close} end within {RACE_S} s of a scrape: choose another seed"
     for attempt in range(ATTEMPTS):  # the groups' phases follow from their files' paths: a new state dir
         found = compare(root, tmp_path / f"state-{attempt}", cfg, fast_forward, horizon)
         if found is not None:

@@ -8,7 +8,9 @@ pages in the pager's volume and on Prometheus's API:
 
 1. Prometheus started 20 s after the trainer: a corrupt shard still pages TrainingLossJump and
    GradientNormJump at the onset, because the trainer holds its first live step until scraped.
-2. A killed trainer pages TrainerDown within 15 s (in a steady lab: see docs/limits.md).
+2. A page of another origin, in Chromium, cannot silence, reload, quit or query Prometheus and
+   Alertmanager (Alertmanager asks for the credentials volume's password); curl and amtool can.
+   Then a killed trainer pages TrainerDown within 15 s (in a steady lab: see docs/limits.md).
 3. `restart` of alertmanager, pager, prometheus, then trainer (a new run): the incident pages
    exactly once.
 4. The pager stopped: PagerDown and AlertmanagerNotificationsFailing fire; back, the latter pages.
@@ -43,11 +45,12 @@ import pytest
 import requests
 import yaml
 
-from runwatch.backtest.backtest import duration_seconds
+from runwatch.core.durations import duration_seconds
 from runwatch.core.names import FIRST_FIRED
 from runwatch.prom.server import instant, query_range
 from tests.compose_runtime import Runtime
-from tests.conftest import GRAFANA_PORT, LINK, project_links, wait_for
+from tests.conftest import GRAFANA_PORT, LINK, metric, project_links, wait_for
+from tests.test_lab_origins import ATTACKS
 
 pytestmark = pytest.mark.compose
 
@@ -140,6 +143,10 @@ class Stack:
         self.compose("up", "-d", "--force-recreate", "trainer", env=env)
         return wait_for(lambda: (r := self.run_id_or_none()) != old and r, 120, "the trainer's new run")
 
+    def alertmanager_auth(self) -> tuple[str, str]:
+        """What Alertmanager asks of every request: the password `credentials` wrote in its volume."""
+        return "runwatch", self.volume_file("credentials", "alertmanager/password").read_text().strip()
+
     def inspect(self, service: str, field: str) -> str:
         res = self.rt.engine_cli("inspect", "--format", f"{{{{{field}}}}}", f"{self.rt.project}_{service}_1")
         assert res.returncode == 0, res.stderr
@@ -212,14 +219,16 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
     # every link the project writes opens here too (no Grafana and no control run in this test)
     broken = {}
     for url in project_links():
-        if int(LINK.match(url)[1]) not in (GRAFANA_PORT, 8001):
-            status = requests.get(url, timeout=10).status_code
+        port = int(LINK.match(url)[1])
+        if port not in (GRAFANA_PORT, 8001):
+            auth = stack.alertmanager_auth() if port == 9093 else None  # as the browser asks the learner for it
+            status = requests.get(url, timeout=10, auth=auth).status_code
             if status != 200:
                 broken[url] = status
     assert broken == {}
     assert not stack.pages("HeldOutGap", run_id) and not stack.pages("ThroughputDrop", run_id)
     # the links in an alert open where the learner's browser is: compose publishes on 127.0.0.1
-    (alert,) = [a for a in requests.get(f"{AM}/api/v2/alerts", timeout=5).json()
+    (alert,) = [a for a in requests.get(f"{AM}/api/v2/alerts", auth=stack.alertmanager_auth(), timeout=5).json()
                 if a["labels"]["alertname"] == "TrainingLossJump"] or [None]  # fmt: skip
     if alert is not None:  # still firing: its generator link is Prometheus's external URL
         assert alert["generatorURL"].startswith("http://127.0.0.1:9090/")
@@ -227,6 +236,31 @@ def test_prometheus_started_late_still_pages_the_plate_at_the_onset(stack):
     metrics = requests.get("http://127.0.0.1:9095/metrics", timeout=5).text
     beat = float(re.search(r"^runwatch_pager_watchdog_last_timestamp_seconds (\S+)$", metrics, re.M)[1])
     assert beat > 0 and not stack.pages("Watchdog")
+
+
+def test_a_page_of_another_origin_cannot_silence_reload_quit_or_query(stack, tab, evil_origin):
+    """Issue 40's N19 and N20 in compose, in a real browser: Alertmanager asks every request for
+    the password of the credentials volume (its CORS is `*`), Prometheus has no lifecycle API and
+    answers CORS for its own origin only. The command line still reaches both."""
+    auth = stack.alertmanager_auth()
+    silences = requests.get(f"{AM}/api/v2/silences", auth=auth, timeout=5).json()
+    reloads = {
+        "prometheus": metric(PROM, "prometheus_config_last_reload_success_timestamp_seconds"),
+        "alertmanager": metric(AM, "alertmanager_config_last_reload_success_timestamp_seconds", auth=auth),
+    }
+    tab.goto(evil_origin)
+    tried = tab.evaluate(ATTACKS, {"am": AM, "prom": PROM})
+    assert tried["silence"] == "refused" and tried["query"] == "refused" and tried["quit"] == "refused", tried
+    assert requests.get(f"{AM}/api/v2/silences", auth=auth, timeout=5).json() == silences
+    assert metric(PROM, "prometheus_config_last_reload_success_timestamp_seconds") == reloads["prometheus"]
+    assert metric(AM, "alertmanager_config_last_reload_success_timestamp_seconds", auth=auth) == reloads["alertmanager"]
+    assert stack.healthy("prometheus") and stack.healthy("alertmanager")
+    # the command line: curl with the password, amtool with the volume's http.yml
+    assert requests.get(f"{AM}/api/v2/status", timeout=5).status_code == 401
+    assert requests.get(f"{AM}/api/v2/status", auth=auth, timeout=5).ok
+    stack.compose("exec", "-T", "alertmanager", "amtool", "--alertmanager.url=http://127.0.0.1:9093",
+                  "--http.config.file=/credentials/alertmanager/http.yml", "silence", "query")  # fmt: skip
+    assert requests.get(f"{PROM}/api/v1/query", params={"query": "up"}, timeout=5).ok
 
 
 def test_a_killed_trainer_pages_trainer_down_within_15s(stack):

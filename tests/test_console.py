@@ -337,3 +337,71 @@ def test_the_consoles_ack_carries_the_pagers_token(tmp_path):
         proc.terminate()
         proc.wait(10)
         pager.shutdown()
+
+
+def test_the_consoles_ack_carries_alertmanagers_password(tmp_path):
+    """Compose's console has no state directory: --alertmanager-password-file (compose's
+    credentials volume) gives `runwatch ack` the password of an Alertmanager that asks every
+    request for it, so the Ack's silence is made (issue 40, N19 in compose)."""
+    from datetime import UTC, datetime
+
+    from runwatch.core import credentials
+    from runwatch.prom.tools import alertmanager_launch, binary
+    from tests.conftest import wait_for
+
+    credentials.ensure(tmp_path / "volume", mode=0o644)  # as `runwatch credentials` makes them
+    password = credentials.password_file(tmp_path / "volume")
+    auth = credentials.from_file(password, "test")
+    (tmp_path / "am.yml").write_text("route: {receiver: none}\nreceivers: [{name: none}]\n")
+    am = f"http://127.0.0.1:{free_port()}"
+    path = binary("alertmanager")
+    web = credentials.folder(tmp_path / "volume") / "web.yml"
+    argv = [*alertmanager_launch(path), path, f"--config.file={tmp_path / 'am.yml'}",
+            f"--storage.path={tmp_path / 'am'}", f"--web.listen-address={am.removeprefix('http://')}",
+            "--cluster.listen-address=", f"--web.config.file={web}"]  # fmt: skip
+    alertmanager = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    page = {"received_at": "2026-01-01T00:00:01.000Z", "alert": "HeldOutGap", "status": "firing", "run_id": "r1",
+            "fingerprint": "f", "starts_at": "2026-01-01T00:00:00Z", "severity": "page"}  # fmt: skip
+    (tmp_path / "pages.jsonl").write_text(json.dumps(page) + "\n")
+    pager = make_server("127.0.0.1", 0, tmp_path / "pages.jsonl", registry=CollectorRegistry())
+    threading.Thread(target=pager.serve_forever, daemon=True).start()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = None
+    try:
+
+        def ready() -> bool:
+            try:
+                return requests.get(f"{am}/-/ready", auth=auth, timeout=2).ok
+            except requests.RequestException:
+                return False
+
+        wait_for(ready, 30, "Alertmanager")
+        assert requests.get(f"{am}/api/v2/alerts", timeout=5).status_code == 401  # no password, no answer
+        alert = {"labels": {"alertname": "HeldOutGap", "run_id": "r1"}, "startsAt": datetime.now(UTC).isoformat()}
+        assert requests.post(f"{am}/api/v2/alerts", json=[alert], auth=auth, timeout=5).ok
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "runwatch", "console", "--port", str(port), "--prometheus", am, "--alertmanager", am,
+             "--pager", f"http://127.0.0.1:{pager.server_address[1]}", "--alertmanager-password-file", str(password)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert wait_ready(f"{base}/-/ready", 30, proc), proc.stderr.read()
+        form_token = re.search(r'name="token" value="([^"]+)"', requests.get(f"{base}/?run=r1", timeout=10).text)[1]
+        form = {"alert": "HeldOutGap", "run": "r1", "comment": "held-out far above train", "token": form_token}
+        resp = requests.post(f"{base}/ack", data=form, headers={"Origin": base}, timeout=60)
+        assert resp.status_code == 200 and "; silence " in resp.text, resp.text[-2000:]
+        silences = requests.get(f"{am}/api/v2/silences", auth=auth, timeout=5).json()
+        assert [s["comment"] for s in silences] == ["held-out far above train"]
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
+        pager.shutdown()
+        alertmanager.terminate()
+        alertmanager.wait(10)
+
+
+def test_a_missing_alertmanager_password_file_is_one_line(tmp_path):
+    out = runwatch("console", "--alertmanager-password-file", str(tmp_path / "nothing"), cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "--alertmanager-password-file" in out.stderr and "nothing" in out.stderr

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from runwatch.backtest.backtest import cache_key
+from runwatch.backtest.data import cache_key
 from runwatch.backtest.datacache import MANIFEST, MARKER, MARKER_TEXT, DataCache, key_of
 from tests.conftest import need
 

@@ -17,7 +17,7 @@ import requests
 
 from runwatch.console.sources import Sources
 from runwatch.core.paths import REPO, Layout
-from runwatch.drill.coach import coaching, detection_par, windows
+from runwatch.drill.coach import READING_WPM, coaching, detection_par, response_par, windows
 from runwatch.trainer.config import TrainConfig
 
 
@@ -42,7 +42,7 @@ def test_an_answer_that_no_run_could_have_reveals_nothing_rather_than_failing_th
 
 
 def copy_config(tmp_path):
-    for d in ("prometheus", "alertmanager"):
+    for d in ("prometheus", "alertmanager", "runbooks"):
         shutil.copytree(REPO / d, tmp_path / d)
     return Layout(tmp_path)
 
@@ -63,14 +63,41 @@ def test_the_detection_par_is_read_from_the_signatures_and_alertmanager_s_group_
     assert detection_par("none", layout) is None and detection_par("hang", layout) is None
 
 
+def test_the_ack_and_diagnosis_pars_are_reading_the_first_page_s_runbook_and_waiting_for_its_signature(tmp_path):
+    """Ack at par: the first alert's runbook up to "Which incidents produce it", at READING_WPM;
+    diagnosis: on through that section, never before the signature's last alert pages. Edit the
+    runbook and the par follows; a healthy run has none."""
+    layout = copy_config(tmp_path)
+    runbook = layout.runbooks_dir / "HeldOutGap.md"
+    head, table = runbook.read_text().split("## Which incidents produce it")
+    words = len(head.split()), len(table.split("\n## ")[0].split())
+    par = response_par("repeated_batch", layout)
+    assert par["ack"][0] == round(words[0] * 60 / READING_WPM, 1)
+    assert par["ack"][1] == f"reading {words[0]} words of HeldOutGap's runbook at {READING_WPM} words a minute"
+    assert par["diagnosis"][0] == round(par["ack"][0] + words[1] * 60 / READING_WPM, 1)
+    runbook.write_text(head + " word" * READING_WPM + "\n## Which incidents produce it" + table)
+    assert response_par("repeated_batch", layout)["ack"][0] == pytest.approx(par["ack"][0] + 60, abs=0.1)
+    # a runbook of a few words: the diagnosis waits for TrainingLossJump, the signature's last
+    # alert, whose window closes 365 - 339 = 26 steps (lab seconds) after HeldOutGap's
+    runbook.write_text("# HeldOutGap\n\n## Which incidents produce it\n\nrepeated_batch\n")
+    short = response_par("repeated_batch", layout)
+    assert short["ack"][0] == 0.5 and short["diagnosis"][0] == 26.0, short
+    assert short["diagnosis"][1].startswith("TrainingLossJump pages 26 s after HeldOutGap"), short
+    assert response_par("none", layout) is None
+    assert response_par("hang", layout)["ack"][1].startswith("reading") and "TrainingStalled" in \
+        response_par("hang", layout)["ack"][1]  # fmt: skip
+
+
 def test_the_grade_s_times_stand_beside_the_par_and_the_learner_s_earlier_drills():
     grade = {"onset": 300, "onset_to_first_page_s": 1.4, "first_page_to_ack_s": 144.2,
              "first_page_to_diagnosis_s": 200.0, "revealed": [[300, 329]]}  # fmt: skip
     earlier = [{"first_page_to_ack_s": 60.0}, {"first_page_to_ack_s": 30.0}, {"first_page_to_ack_s": None}]
-    lines = coaching(grade, earlier, (1.0, "GradientNormJump by 0 steps after the onset"))
+    response = {"ack": (39.6, "reading 157 words"), "diagnosis": (77.7, "reading on")}
+    lines = coaching(grade, earlier, (1.0, "GradientNormJump by 0 steps after the onset"), response)
     assert lines[0] == "onset -> first page: 1.4 s; par 1.0 s (GradientNormJump by 0 steps after the onset)"
-    assert lines[1] == "first page -> ack: 144.2 s; your best 30.0 s, median 45.0 s over 2 earlier"
-    assert lines[2] == "first page -> diagnosis: 200.0 s; your first timed drill"
+    assert lines[1] == "first page -> ack: 144.2 s; par 39.6 s (reading 157 words); your best 30.0 s, " \
+        "median 45.0 s over 2 earlier"  # fmt: skip
+    assert lines[2] == "first page -> diagnosis: 200.0 s; par 77.7 s (reading on); your first timed drill"
     assert "steps 300-329" in lines[3]
     healthy = coaching({"onset": None, "onset_to_first_page_s": None}, [], None)
     assert healthy == ["par: none for this incident (a healthy run pages nothing; a fault strikes after the onset)"]
@@ -225,9 +252,11 @@ def test_the_console_s_drills_page_lists_the_graded_drills_newest_first(tmp_path
 
     first = {"run_id": "drill-1", "incident": "corrupt_shard", "onset": 247, "diagnosed": "corrupt_shard",
              "correct": True, "onset_to_first_page_s": 1.1, "par_onset_to_first_page_s": 1.0,
-             "first_page_to_ack_s": 40.0, "first_page_to_diagnosis_s": 90.0}  # fmt: skip
-    second = {**first, "run_id": "drill-<b>2</b>", "incident": "lr_spike", "strength": 0.731, "diagnosed": "none",
-              "correct": False, "first_page_to_ack_s": 144.2, "first_page_to_diagnosis_s": 60.0}  # fmt: skip
+             "first_page_to_ack_s": 40.0, "first_page_to_diagnosis_s": 90.0, "par_first_page_to_ack_s": 39.6,
+             "par_first_page_to_diagnosis_s": 77.7}  # fmt: skip
+    second = {"run_id": "drill-<b>2</b>", "incident": "lr_spike", "onset": 247, "strength": 0.731,
+              "diagnosed": "none", "correct": False, "onset_to_first_page_s": 1.1, "par_onset_to_first_page_s": 1.0,
+              "first_page_to_ack_s": 144.2, "first_page_to_diagnosis_s": 60.0}  # fmt: skip
     state = tmp_path / "state"
     state.mkdir()
     (state / "scoreboard.jsonl").write_text(
@@ -246,5 +275,20 @@ def test_the_console_s_drills_page_lists_the_graded_drills_newest_first(tmp_path
     assert "1/2 diagnosed correctly" in page and "torn" not in page
     assert page.index('data-run="drill-&lt;b&gt;2&lt;/b&gt;"') < page.index('data-run="drill-1"')  # newest first
     assert "lr_spike at 0.731 from step 247" in page and "<b>2</b>" not in page
-    assert "40.0 s best" in page and "144.2 s</td>" in page and "60.0 s best" in page
-    assert "1.1 s (1.0 s)" in page
+    assert "40.0 s (39.6 s) best" in page and "144.2 s (-)</td>" in page and "60.0 s (-) best" in page
+    assert "1.1 s (1.0 s)" in page and "90.0 s (77.7 s)</td>" in page  # a grade from before the pars: -
+
+
+def test_the_postmortem_states_each_time_beside_its_par_and_a_grade_from_before_the_pars_without():
+    from runwatch.drill.postmortem import postmortem_markdown
+
+    grade = {"incident": "corrupt_shard", "onset": 247, "diagnosed": "corrupt_shard", "correct": True,
+             "first_page": "TrainingLossJump", "onset_to_first_page_s": 1.2, "first_page_to_ack_s": 30.0,
+             "first_page_to_diagnosis_s": 60.0, "par_onset_to_first_page_s": 1.0, "par_first_page_to_ack_s": 39.6,
+             "par_first_page_to_diagnosis_s": 77.7}  # fmt: skip
+    (line,) = [x for x in postmortem_markdown("r", grade, [], "").splitlines() if x.startswith("First page")]
+    assert line.endswith(
+        "1.2 s (par 1 s); first page to ack: 30 s (par 39.6 s); first page to diagnosis: 60 s (par 77.7 s)."
+    )
+    old = {k: v for k, v in grade.items() if not k.startswith("par_")}
+    assert "par" not in postmortem_markdown("r", old, [], "").split("## What happened")[1].split("\n\n")[1]

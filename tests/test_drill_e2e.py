@@ -161,6 +161,10 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     assert 0 <= grade["onset_to_first_page_s"] < 10
     assert 0 < grade["first_page_to_ack_s"] < grade["first_page_to_diagnosis_s"]
     assert grade["first_page"] == first["alert"]  # not the forged page, which came first
+    # each time beside its par (runwatch/drill/coach.py): reading the first page's runbook, then its table
+    assert 0 < grade["par_first_page_to_ack_s"] < grade["par_first_page_to_diagnosis_s"], grade
+    ack_line = res.stdout.split("first page -> ack: ")[-1].splitlines()[0]
+    assert f"; par {grade['par_first_page_to_ack_s']:.1f} s (reading " in ack_line, res.stdout
     record = json.loads((state / "drill.json").read_text())
     (state / "drill.json").write_text(json.dumps({**record, "diagnosis": None}))  # a hand-edit for a retry
     res = runwatch("diagnose", "corrupt_shard", "--state-dir", str(state), cwd=tmp_path)
@@ -208,6 +212,7 @@ def test_a_hidden_corrupt_shard_acked_diagnosed_and_written_up(tmp_path, state):
     for section in ("Overview", "What happened", "Contributing factors", "Resolution", "Impact", "Timeline",
                     "Action items"):  # fmt: skip
         assert f"## {section}" in text
+    assert f"first page to ack: {grade['first_page_to_ack_s']:g} s (par " in text
     rows = re.findall(r"^\| (\S+Z) \| (.+) \|$", text, re.M)
     order = ("Drill started", "Incident began", "Fired in Prometheus", "Page", "Acknowledged", "Diagnosed")
     kinds = [next((k for k in order if event.startswith(k)), "") for _, event in rows]

@@ -59,7 +59,7 @@ def test_bad_text_is_one_line_naming_where_it_came_from(text):
 
 def test_the_sweep_refuses_a_unit_given_twice():
     """`--sweep A.for=1m1m` was two minutes; Prometheus refuses it."""
-    from runwatch.backtest.sweep import parse_sweep
+    from runwatch.backtest.variants import parse_sweep
     from runwatch.core.command import UsageError
 
     with pytest.raises(UsageError, match=r"^--sweep: '1m1m' is not a Prometheus duration"):
@@ -95,7 +95,7 @@ def test_the_drill_reads_days_in_alertmanager_s_routes_and_names_a_bad_one(tmp_p
 
 
 def test_the_backtest_names_an_alert_whose_for_it_cannot_read():
-    from runwatch.backtest.backtest import firing_query
+    from runwatch.backtest.plan import firing_query
     from runwatch.core.command import UsageError
 
     assert firing_query("x > 1", {"alert": "A", "for": "1m"}).startswith("count_over_time((x > 1)[60500ms:1s])")

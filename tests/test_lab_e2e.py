@@ -20,8 +20,8 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from runwatch.backtest.backtest import duration_seconds
 from runwatch.core.addresses import DEFAULT_PORTS
+from runwatch.core.durations import duration_seconds
 from runwatch.core.names import RUNBOOK_BASE
 from runwatch.lab.supervise import Component, Lab
 from runwatch.oncall.page_log import read_pages

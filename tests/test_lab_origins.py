@@ -10,9 +10,6 @@ it, asks every request for the lab's password (runwatch.core.credentials).
 
 from __future__ import annotations
 
-import http.server
-import threading
-
 import pytest
 import requests
 
@@ -47,29 +44,6 @@ ATTACKS = """async ({am, prom}) => {
   await attempt("quit", prom + "/-/quit", {method: "POST", headers: {"Content-Type": "text/plain"}, body: "x"});
   return tried;
 }"""
-
-
-class _Evil(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = b"<!doctype html><title>evil.example</title><p>a page of another origin"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-@pytest.fixture
-def evil_origin():
-    """A page served from an origin that is none of the lab's: localhost on a port of its own."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Evil)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://localhost:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 def reloads(lab) -> dict[str, float]:

@@ -36,7 +36,15 @@ LAYERS = [
     ("runwatch.trainer",),
     ("runwatch.drill.answer", "runwatch.readouts", "runwatch.oncall"),
     ("runwatch.cluster", "runwatch.backtest", "runwatch.console"),
-    ("runwatch.train", "runwatch.check", "runwatch.probe", "runwatch.query", "runwatch.lesson", "runwatch.lab"),
+    (
+        "runwatch.train",
+        "runwatch.check",
+        "runwatch.probe",
+        "runwatch.query",
+        "runwatch.lesson",
+        "runwatch.lab",
+        "runwatch.credentials",
+    ),
     ("runwatch.drill",),
     ("runwatch.cli",),
     ("runwatch.__main__",),
@@ -220,7 +228,7 @@ CONSOLE_USES = {
     "runwatch.core.command", "runwatch.core.names", "runwatch.core.paths", "runwatch.core.addresses",
     "runwatch.readouts.dashboard_queries", "runwatch.readouts.picture", "runwatch.prom.server",
     "runwatch.trainer.config", "runwatch.core.files", "runwatch.core.bounded", "runwatch.core.durations",
-    "runwatch.core.serving", "runwatch.core.token", "runwatch.readouts.colours",
+    "runwatch.core.serving", "runwatch.core.token", "runwatch.readouts.colours", "runwatch.core.credentials",
 }  # fmt: skip
 
 
@@ -254,6 +262,41 @@ def test_the_standalone_pager_listens_where_the_lab_says():
     assert _serve_parser().get_default("port") == PORTS["pager"]
     assert RUNBOOK_BASE == f"{url('pager')}/runbooks"
     assert PROMETHEUS == url("prometheus")  # where `runwatch pager` looks for alerts that never paged
+
+
+# The backtest's modules in the order its data flows (issue 39): the plate's signatures and the
+# helpers the stages share, then the stages rules -> plan -> data -> evaluate -> report, the
+# workbench's report and last the command that runs them. Each imports only modules before it.
+BACKTEST_FLOW = ["signatures", "inline", "remote_write", "datacache", "rules", "variants", "plan", "data",
+                 "evaluate", "report", "sweep", "backtest"]  # fmt: skip
+BACKTEST_STAGES = ["rules", "plan", "data", "evaluate", "report", "backtest"]
+
+
+def test_the_backtest_flows_one_way():
+    """A stage imports only the stages before it: following the rules folder through the
+    backtest never returns to a module it has left (issue 39 walked it through 8 stays, 4 returns)."""
+    g = graph()
+    found = sorted(m.removeprefix("runwatch.backtest.") for m in g if m.startswith("runwatch.backtest."))
+    assert found == sorted(BACKTEST_FLOW), "place each module of runwatch/backtest/ in BACKTEST_FLOW"
+    assert [m for m in BACKTEST_FLOW if m in BACKTEST_STAGES] == BACKTEST_STAGES
+    wrong = []
+    for i, name in enumerate(BACKTEST_FLOW):
+        later = {f"runwatch.backtest.{m}" for m in BACKTEST_FLOW[i:]}
+        wrong += [f"{name} imports {t}" for t in sorted(g[f"runwatch.backtest.{name}"] & later)]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_only_the_rules_stage_reads_the_rules_folder():
+    """The rules folder goes in at the first stage and is not read again further down."""
+    readers = [path.name for path in sorted((REPO / "runwatch" / "backtest").glob("*.py"))
+               if path.name != "rules.py" and re.search(r"\b(rule_files|load_yaml)\(", path.read_text())]  # fmt: skip
+    assert readers == []
+
+
+def test_every_module_of_the_backtest_is_under_400_lines():
+    """Issue 39: backtest.py had grown to 1,048 lines, with four stages in one file."""
+    sizes = {path.name: len(path.read_text().splitlines()) for path in (REPO / "runwatch" / "backtest").glob("*.py")}
+    assert {name: n for name, n in sizes.items() if n >= 400} == {}
 
 
 def test_no_function_is_longer_than_a_screen():

@@ -2,9 +2,12 @@
 
 The lessons' checks are read from docs/lab-guide.md itself. Unit: the guide's blocks parse, a
 malformed block is one line naming the file and the step, the command's bad input is one line,
-and a file check reads the file. Integration: every PromQL check of the guide runs on a real
-Prometheus. E2E (slow: a lab of its own for about a minute): on a live corrupt shard, each step
-is NO before the action it asks for and OK after it, and progress survives the lab's stop.
+a file check reads the file, and `check --open` checks only the open steps. Integration: every
+PromQL check of the guide runs on a real Prometheus; the console's Check and poll take its
+token. E2E (slow: a lab of its own for about a minute): on a live corrupt shard, each step is NO
+before the action it asks for and OK after it, and progress survives the lab's stop; in
+Chromium, lesson 1 and the on-call lesson complete themselves on the Lessons page as the learner
+works, each step NO before its action.
 """
 
 from __future__ import annotations
@@ -105,6 +108,50 @@ def test_a_file_check_passes_only_once_the_file_holds_the_text(tmp_path):
     assert check(step, lab) == (True, str(tmp_path / "none.om"))
 
 
+def test_check_open_runs_only_the_steps_not_yet_done_and_keeps_the_rest_done(capsys, tmp_path):
+    """What the Lessons page polls: `check N --open` checks the open steps only; a step done before
+    stays OK unchecked (its file gone since), an open one is checked now, and the JSON names the
+    next step for the page's "lesson N of M, step k"."""
+    state, nowhere = tmp_path / "state", "http://127.0.0.1:9"  # no lab: its PromQL steps are NO
+    state.mkdir()
+    argv = ["lesson", "check", "1", "--open", "--json", "--state-dir", str(state), "--tmp-dir", str(tmp_path),
+            "--prometheus", nowhere, "--pager", nowhere]  # fmt: skip
+    record_progress(state, 1, [1, 4])  # slow.om was trained, and removed since
+    assert cli.main(argv) == 1
+    found = json.loads(capsys.readouterr().out)
+    assert [(s["step"], s["ok"]) for s in found["steps"]] == [(1, True), (2, False), (3, False), (4, True)]
+    assert found["steps"][0]["found"] == "done before" and "did not answer" in found["steps"][1]["found"]
+    assert found["next"] == {"lesson": 1, "step": 2, "text": found["steps"][1]["text"]}
+    (tmp_path / "none.om").write_text('runwatch_train_loss{run_id="none-7"} 2.3\n')
+    assert cli.main(argv) == 1
+    found = json.loads(capsys.readouterr().out)
+    assert [s["ok"] for s in found["steps"]] == [True, False, True, True] and found["done_ever"] == [1, 3, 4]
+    assert cli.main([a for a in argv if a != "--open"]) == 1  # without --open every step is checked now
+    assert [s["ok"] for s in json.loads(capsys.readouterr().out)["steps"]] == [False, False, True, False]
+    assert read_progress(state) == {"1": [1, 3, 4]}  # and what was done stays done
+
+
+def test_the_list_gives_each_step_s_check_and_hint_from_the_guide(capsys, tmp_path):
+    assert cli.main(["lesson", "--json", "--state-dir", str(tmp_path), "--tmp-dir", "/learner/tmp"]) == 0
+    first = json.loads(capsys.readouterr().out)["lessons"][0]
+    assert first["checks"][2] == "/learner/tmp/none.om exists containing 'run_id=\"none-7\"'"
+    assert first["hints"][0].startswith("start a healthy run") and len(first["hints"]) == len(first["steps"])
+    assert cli.main(["lesson", "list", "--open", "--state-dir", str(tmp_path)]) == 2
+    assert "lesson list takes no --open" in capsys.readouterr().err
+
+
+def test_the_console_runs_one_poll_at_a_time_and_answers_another_busy():
+    from types import SimpleNamespace
+
+    from runwatch.console import lessons as page
+
+    console = SimpleNamespace()
+    lock = page._polling.setdefault(id(console), __import__("threading").Lock())
+    with lock:  # a poll is running: another (a second tab) is not started beside it
+        assert page._poll_once(console, "1") == (None, "busy")
+    del page._polling[id(console)]
+
+
 @pytest.mark.integration
 def test_every_promql_check_of_the_guide_runs_on_a_real_prometheus(tmp_path):
     """Each check's expression parses and evaluates (to nothing, on an empty Prometheus): a
@@ -200,12 +247,14 @@ def test_a_learner_does_lesson_2_s_live_steps_through_the_console_alone(lab_fact
     def checked() -> list[str]:
         tab.goto(f"{console}/lessons")
         tab.click('tr[data-lesson="2"] button.check')
-        tab.wait_for_selector('#checked[data-lesson="2"]')
-        return [tab.inner_text(f'#checked li[data-step="{i}"] .verdict') for i in (1, 2)]
+        tab.wait_for_selector('#lesson[data-lesson="2"]')
+        return [tab.inner_text(f'#lesson li[data-step="{i}"] .verdict') for i in (1, 2)]
 
     assert checked() == ["NO", "NO"]
-    assert tab.inner_text("#next") == "lesson 1 of 7, step 1"  # nothing done yet: the guide's first step
-    assert "ALERTS{" in tab.inner_text('#checked li[data-step="1"]')  # the check is shown, as the learner can run it
+    # lesson 1 is next; the page's poll of it, on the first view, may have completed its step 1, or
+    # steps 1 and 2 (the lab is up, and its run's four signals scraped), before the Check was pressed
+    assert tab.inner_text("#next") in ("lesson 1 of 7, step 1", "lesson 1 of 7, step 2", "lesson 1 of 7, step 3")
+    assert "ALERTS{" in tab.inner_text('#lesson li[data-step="1"]')  # the check is shown, as the learner can run it
     onset_s = 300 - int(NEAR_ONSET[NEAR_ONSET.index("--fast-forward") + 1])
     for alert in ("TrainingLossJump", "GradientNormJump"):
         wait_for(lambda a=alert: firing_in_prometheus(lab, a, lab.run_id), 2 * onset_s + group_interval_s(lab), alert)
@@ -286,7 +335,14 @@ def test_the_console_s_lessons_page_checks_with_its_token_against_a_real_pager(t
             "by": "ada",
             "ack_id": "1",
         }
+        # what the page's script polls: the open steps, as JSON, with the same token
+        assert requests.post(f"{base}/lessons/poll", data={"lesson": "2"}, timeout=60).status_code == 403
+        polled = requests.post(f"{base}/lessons/poll", data={"lesson": "2", "token": token}, timeout=60).json()
+        assert [s["ok"] for s in polled["steps"]] == [False, False, False, False], polled
+        assert polled["next"] == {"lesson": 1, "step": 2, "text": polled["next"]["text"]}  # lesson 1's step 1: done
         assert requests.post(f"{pager_url}/api/ack", json=ack, timeout=10).status_code == 200
+        polled = requests.post(f"{base}/lessons/poll", data={"lesson": "2", "token": token}, timeout=60).json()
+        assert polled["steps"][1]["ok"] and polled["done_ever"] == [2], polled
         assert step2() == "OK"
         assert json.loads((tmp_path / "state" / "lessons.json").read_text())["done"]["2"] == [2]
     finally:
@@ -295,12 +351,86 @@ def test_the_console_s_lessons_page_checks_with_its_token_against_a_real_pager(t
         pager.shutdown()
 
 
+def polled(page, steps: int) -> list[str]:
+    """The Lessons page's verdicts once its next poll has answered (static/lessons.js counts them)."""
+    n = int(page.get_attribute("#lesson", "data-polled"))
+    page.wait_for_selector(f'#lesson:not([data-polled="{n}"])')  # it only counts up; no eval: the CSP forbids it
+    return [page.inner_text(f'#lesson li[data-step="{i}"] .verdict') for i in range(1, steps + 1)]
+
+
+def turns_ok(page, step: int) -> None:
+    """Wait, with no click, for the page's poll to mark the step OK."""
+    page.wait_for_selector(f'#lesson li[data-step="{step}"].ok')
+
+
+@pytest.mark.e2e
+@pytest.mark.slow  # a lab of its own and a console started before it, in Chromium: about a minute
+def test_a_learner_completes_lesson_1_and_its_steps_complete_themselves(tmp_path, tab):
+    """Lesson 1 on the Lessons page of a console started before the lab (on the ports the lab
+    will take), its $TMP the test's own: each step reads NO while the page polls, until the
+    learner does what it asks (starts the lab; trains the two runs offline with the guide's
+    commands), then turns OK without a click on Check; the header moves from lesson 1, step 1 to
+    lesson 2, step 1, and the progress is kept."""
+    import subprocess
+    import sys
+
+    from runwatch.core.addresses import DEFAULT_PORTS
+    from runwatch.prom.server import free_port, wait_ready
+    from tests.conftest import LabStart, runwatch
+
+    # the three the console reads are chosen now; the rest are the lab's to choose (0)
+    ports = {
+        **dict.fromkeys(DEFAULT_PORTS, 0),
+        **{name: free_port() for name in ("prometheus", "alertmanager", "pager")},
+    }
+    root, state, tmp = tmp_path / "lab", tmp_path / "lab" / "state", tmp_path / "tmp"
+    for d in (state, tmp):
+        d.mkdir(parents=True)
+    console = f"http://127.0.0.1:{free_port()}"
+    argv = [sys.executable, "-m", "runwatch", "console", "--port", console.rsplit(":", 1)[1], "--state-dir",
+            str(state), "--tmp-dir", str(tmp), "--prometheus", f"http://127.0.0.1:{ports['prometheus']}",
+            "--alertmanager", f"http://127.0.0.1:{ports['alertmanager']}",
+            "--pager", f"http://127.0.0.1:{ports['pager']}"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lab = None
+    tab.set_default_timeout(console_bound_ms())
+    try:
+        assert wait_ready(f"{console}/-/ready", 30, proc), proc.stderr.read()
+        tab.goto(f"{console}/lessons")
+        assert tab.inner_text("#next") == "lesson 1 of 7, step 1"
+        assert "none.om exists" in tab.inner_text('#lesson li[data-step="3"]')  # the check, as the learner reads it
+        assert polled(tab, 4) == ["NO", "NO", "NO", "NO"]  # no lab yet
+        assert "is the lab up?" in tab.inner_text('#lesson li[data-step="1"] .found')
+        lab = LabStart(root, "--ports", ",".join(f"{n}={p}" for n, p in ports.items()))
+        lab.wait()
+        turns_ok(tab, 1)
+        turns_ok(tab, 2)
+        assert polled(tab, 4)[2:] == ["NO", "NO"] and tab.inner_text("#next") == "lesson 1 of 7, step 3"
+        offline = ("train", "--offline", "--incident", "none", "--seed", "7", "--out", str(tmp / "none.om"))
+        assert runwatch(*offline, cwd=tmp).returncode == 0
+        turns_ok(tab, 3)
+        assert polled(tab, 4)[3] == "NO"
+        slow = ("train", "--offline", "--incident", "slow_node", "--seed", "7", "--out", str(tmp / "slow.om"))
+        assert runwatch(*slow, cwd=tmp).returncode == 0
+        turns_ok(tab, 4)
+        tab.wait_for_selector("#lesson-done:not([hidden])")
+        assert tab.inner_text("#next") == "lesson 2 of 7, step 1"
+        assert tab.inner_text('tr[data-lesson="1"] .done') == "4 of 4"
+        assert read_progress(state)["1"] == [1, 2, 3, 4]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if lab is not None:
+            lab.stop()
+
+
 @pytest.mark.e2e
 @pytest.mark.slow  # a drill of its own for about a minute, in Chromium
 def test_a_learner_does_the_on_call_lesson_in_the_console_each_step_after_its_action(lab_state, tmp_path, tab):
-    """Practise on-call (lesson 6) on the drill of seed 516 (a corrupt shard from step 247): once
-    the drill runs, every further step reads NO until the learner does it in the console (the
-    page comes, Ack, Diagnose, Write the postmortem), then OK."""
+    """Practise on-call (lesson 6) on the drill of seed 516 (a corrupt shard from step 247): the
+    Lessons page open in one tab polls the lesson's open steps; every step after the drill's
+    start reads NO until the learner does it in the console's other tab (the page comes, Ack,
+    Diagnose, Write the postmortem), then turns OK by itself, with no click on Check."""
     from runwatch.core.addresses import lab_url
     from tests.test_drill_e2e import drill
     from tests.test_oncall_e2e import PAGE_WITHIN_S
@@ -308,35 +438,35 @@ def test_a_learner_does_the_on_call_lesson_in_the_console_each_step_after_its_ac
     drill(tmp_path, lab_state, 516)
     console = lab_url(lab_state, "console")
     tab.set_default_timeout(console_bound_ms())
-
-    def checked() -> list[str]:
-        tab.goto(f"{console}/lessons")
-        tab.click('tr[data-lesson="6"] button.check')
-        tab.wait_for_selector('#checked[data-lesson="6"]')
-        return [tab.inner_text(f'#checked li[data-step="{i}"] .verdict') for i in range(1, 6)]
-
-    tab.goto(f"{console}/")
-    assert checked()[1:] == ["NO", "NO", "NO", "NO"]  # the drill's first scrape may still be coming
-    tab.goto(f"{console}/")
+    work = tab.context.new_page()  # where the learner works; `tab` keeps the Lessons page open
+    work.set_default_timeout(console_bound_ms())
+    tab.goto(f"{console}/lessons?lesson=6")
+    assert polled(tab, 5)[1:] == ["NO", "NO", "NO", "NO"]  # the drill's first scrape may still be coming
+    turns_ok(tab, 1)
+    work.goto(f"{console}/")
     incident = 'li.incident[data-alert="TrainingLossJump"] button.ack'
-    tab.wait_for_selector(incident, timeout=PAGE_WITHIN_S * 1000)  # the page, as the learner sees it come
-    assert checked() == ["OK", "OK", "NO", "NO", "NO"]
-    tab.goto(f"{console}/")
-    tab.wait_for_selector(incident).click()
-    tab.fill("#ack-comment", "loss 20x and gradient norm 5x at once: bad data?")
-    tab.click("#ack-submit")
-    tab.wait_for_selector("#notice")
-    assert checked() == ["OK", "OK", "OK", "NO", "NO"]
-    tab.goto(f"{console}/")
-    tab.select_option("#diagnose-incident", "corrupt_shard")
-    tab.click("#diagnose-submit")
-    assert tab.wait_for_selector("#notice").inner_text().startswith("CORRECT")
-    assert checked() == ["OK", "OK", "OK", "OK", "NO"]
-    tab.goto(f"{console}/")
-    tab.click("#postmortem-submit")
-    tab.wait_for_selector("article.postmortem h2")
-    assert checked() == ["OK", "OK", "OK", "OK", "OK"]
+    work.wait_for_selector(incident, timeout=PAGE_WITHIN_S * 1000)  # the page, as the learner sees it come
+    turns_ok(tab, 2)
+    assert polled(tab, 5)[2:] == ["NO", "NO", "NO"]
+    work.wait_for_selector(incident).click()
+    work.fill("#ack-comment", "loss 20x and gradient norm 5x at once: bad data?")
+    work.click("#ack-submit")
+    work.wait_for_selector("#notice")
+    turns_ok(tab, 3)
+    assert polled(tab, 5)[3:] == ["NO", "NO"]
+    work.goto(f"{console}/")
+    work.select_option("#diagnose-incident", "corrupt_shard")
+    work.click("#diagnose-submit")
+    assert work.wait_for_selector("#notice").inner_text().startswith("CORRECT")
+    turns_ok(tab, 4)
+    assert polled(tab, 5)[4] == "NO"
+    work.goto(f"{console}/")
+    work.click("#postmortem-submit")
+    work.wait_for_selector("article.postmortem h2")
+    turns_ok(tab, 5)
+    tab.wait_for_selector("#lesson-done:not([hidden])")
     assert "lesson 1 of 7, step 1" in tab.inner_text("#next")  # lesson 6 done; lesson 1 not begun
+    assert tab.inner_text('tr[data-lesson="6"] .done') == "5 of 5"
 
 
 @pytest.mark.integration

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import requests
 
-from runwatch.backtest import backtest as bt
+from runwatch.backtest import data
 from runwatch.backtest.remote_write import _varint, push, snappy_literal, write_request
 from runwatch.prom.server import Process, free_port, instant, prometheus_argv
 from runwatch.trainer.batch import train_many
@@ -38,7 +38,7 @@ def test_pushed_runs_hold_every_sample_promtool_loads_from_their_openmetrics(tmp
     backtest's own shift: the same series, timestamps and values, bit for bit, both ways."""
     promtool, prometheus = need("promtool"), need("prometheus")
     configs = [TrainConfig(incident="lr_spike", seed=3), TrainConfig(incident="rank_crash", seed=4, ranks=2)]
-    runs = [OfflineRun(c, train_many([c])[0], shift_ms=bt.GRID_PHASE_MS) for c in configs]
+    runs = [OfflineRun(c, train_many([c])[0], shift_ms=data.GRID_PHASE_MS) for c in configs]
 
     with open(tmp_path / "runs.om", "w") as fh:
         written = write_openmetrics(runs, fh)
@@ -46,11 +46,11 @@ def test_pushed_runs_hold_every_sample_promtool_loads_from_their_openmetrics(tmp
                            tmp_path / "promtool"], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
 
-    loader = bt._loader(prometheus, tmp_path)
+    loader = data.loading_server(prometheus, tmp_path)
     with loader.running():
         body, pushed = write_request(s for run in runs for s in series(run))
         push(loader.base, body)
-        bt._snapshot(loader, tmp_path / "pushed")
+        data.snapshot(loader, tmp_path / "pushed")
 
     assert pushed == written
     by_promtool = every_sample(prometheus, tmp_path / "promtool", tmp_path)

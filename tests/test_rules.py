@@ -169,7 +169,7 @@ def test_an_edited_threshold_breaks_the_plates_signature(tmp_path, old, new, fai
 def test_the_watcher_s_grace_is_counted_in_prometheus_s_scrape_intervals():
     """The live trainer's grace (trainer.live) and the console's "paused" are in scrape
     intervals of prometheus.yml: the constant Python holds is that file's."""
-    from runwatch.backtest.backtest import duration_seconds
+    from runwatch.core.durations import duration_seconds
     from runwatch.core.names import SCRAPE_INTERVAL_S, WATCH_GRACE_S
 
     config = yaml.safe_load((REPO / "prometheus" / "prometheus.yml").read_text())

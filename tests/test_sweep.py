@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from runwatch.backtest.backtest import Strengths, parse_strengths
-from runwatch.backtest.sweep import parse_sweep
+from runwatch.backtest.plan import Strengths, parse_strengths
+from runwatch.backtest.variants import parse_sweep
 from runwatch.core.command import UsageError
 from runwatch.core.paths import REPO
 from tests.conftest import edit, threshold
@@ -206,7 +206,8 @@ def test_a_backtest_of_an_edit_marks_the_edit_and_the_rule_in_force(tmp_path):
 def test_no_label_of_the_trade_off_plot_overlaps_another():
     """In `runwatch backtest --sweep TrainingLossJump=2,2.5,3,4,5 --plot`, 2.5, 3, 4 and 5 traded
     the same, and their labels printed on top of each other at (0, 2.0) (issue 36, item 2)."""
-    from runwatch.backtest.sweep import Sweep, figure
+    from runwatch.backtest.sweep import figure
+    from runwatch.backtest.variants import Sweep
 
     def row(value: str, role: str, fa: float, median: float) -> dict:
         return {"value": value, "role": role, "in_force": role == "in force", "median": median, "caught_total": 8,

@@ -25,8 +25,8 @@ import pytest
 import requests
 import yaml
 
-from runwatch.backtest.backtest import duration_seconds
 from runwatch.backtest.signatures import CLUSTER_SIGNATURES, SIGNATURES
+from runwatch.core.durations import duration_seconds
 from runwatch.core.paths import REPO
 from runwatch.oncall.page_log import read_pages
 from runwatch.prom.server import free_port, free_ports_in_a_row, instant

@@ -20,8 +20,8 @@ import pytest
 import requests
 import yaml
 
-from runwatch.backtest.backtest import duration_seconds
 from runwatch.backtest.signatures import PLATE_READOUTS, SIGNATURES
+from runwatch.core.durations import duration_seconds
 from runwatch.core.names import FIRST_FIRED, WATCH_GRACE_S
 from runwatch.lab.supervise import Component, Lab
 from runwatch.prom.server import instant, query_range

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import requests
 
+from runwatch.core import credentials
 from runwatch.core.command import Command, UsageError, add_state_dir, read_json
 from runwatch.core.token import bearer, read_token
 from runwatch.drill.record import Drill, iso, now, seconds
@@ -54,7 +55,11 @@ def ack(args: argparse.Namespace) -> int:
     token = ack_token(args.token_file, d.lab, pager)
     incident = open_incident(pager, args.alert, run_id)
     silence_id = ""
-    auth = d.lab.auth("alertmanager")  # the lab's Alertmanager password (runwatch.core.credentials)
+    # the lab's Alertmanager password (runwatch.core.credentials): compose's from its volume
+    if args.alertmanager_password_file is not None:
+        auth = credentials.from_file(args.alertmanager_password_file, "--alertmanager-password-file")
+    else:
+        auth = d.lab.auth("alertmanager")
     if incident["firing"] and firing_unsilenced(alertmanager, args.alert, run_id, auth):
         silence_id = silence(alertmanager, args.alert, run_id, args.comment, args.expires, auth)
     body = {"alert": args.alert, "run_id": run_id, "comment": args.comment, "by": args.by or _who(),
@@ -165,6 +170,9 @@ def add_ack(p: argparse.ArgumentParser) -> Command:
     p.add_argument("--run", default=None, help="the run whose incident to ack (default: the lab's, else the drill's)")
     p.add_argument("--alertmanager", default=None, metavar="URL",
                    help="Alertmanager to create the silence in (default: the lab's, from its state dir)")  # fmt: skip
+    p.add_argument("--alertmanager-password-file", type=Path, default=None, metavar="PATH",
+                   help="Alertmanager's password (default: the lab's, from its state dir; compose's console "
+                        "gives its volume's)")  # fmt: skip
     p.add_argument("--pager", default=None, metavar="URL",
                    help="the pager that records the ack (default: the lab's, from its state dir)")  # fmt: skip
     p.add_argument("--token-file", type=Path, default=None, metavar="PATH",

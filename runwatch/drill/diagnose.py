@@ -54,6 +54,9 @@ def diagnose(args: argparse.Namespace) -> int:
         grade["revealed"] = coach.windows(d.answer(record), int(record.get("ranks") or 1))
         par = coach.detection_par(grade["incident"], d.lab.layout)
         grade["par_onset_to_first_page_s"] = par and par[0]
+        response = coach.response_par(grade["incident"], d.lab.layout)
+        grade["par_first_page_to_ack_s"] = response and response["ack"][0]
+        grade["par_first_page_to_diagnosis_s"] = response and response["diagnosis"][0]
         at, onset_at = grade["diagnosed_at"], grade.pop("onset_at")
         record["diagnosis"] = {"incident": args.incident, "step": args.step, "rank": args.rank, "at": at,
                                "onset_at": onset_at}  # fmt: skip
@@ -62,7 +65,7 @@ def diagnose(args: argparse.Namespace) -> int:
         with open(d.lab.state / "scoreboard.jsonl", "a") as fh:
             fh.write(json.dumps(grade) + "\n")
     print(report(grade))
-    print("\n".join(coach.coaching(grade, earlier, par)))
+    print("\n".join(coach.coaching(grade, earlier, par, response)))
     print(scoreboard_line(d.lab.state / "scoreboard.jsonl"))
     return 0
 

@@ -111,6 +111,12 @@ def md_text(text: object) -> str:
     return MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(flat, quote=False))
 
 
+def _par(grade: dict, key: str) -> str:
+    """The par beside a time, " (par N s)", from the grade (runwatch/drill/coach.py); "" if it has none."""
+    par = grade.get(f"par_{key}")
+    return f" (par {seconds(par)})" if isinstance(par, int | float) else ""
+
+
 def postmortem_markdown(run_id: str, grade: dict, events: list[tuple[float, str]], plate_md: str) -> str:
     """PagerDuty's postmortem sections, filled from the grade and the timeline."""
     impact = (
@@ -127,9 +133,10 @@ def postmortem_markdown(run_id: str, grade: dict, events: list[tuple[float, str]
         "",
         "## What happened",
         f"First page: {md_text(grade['first_page'] or 'none')}. "
-        f"Onset to first page: {seconds(grade['onset_to_first_page_s'])}; "
-        f"first page to ack: {seconds(grade['first_page_to_ack_s'])}; "
-        f"first page to diagnosis: {seconds(grade['first_page_to_diagnosis_s'])}.",
+        f"Onset to first page: {seconds(grade['onset_to_first_page_s'])}{_par(grade, 'onset_to_first_page_s')}; "
+        f"first page to ack: {seconds(grade['first_page_to_ack_s'])}{_par(grade, 'first_page_to_ack_s')}; "
+        f"first page to diagnosis: {seconds(grade['first_page_to_diagnosis_s'])}"
+        f"{_par(grade, 'first_page_to_diagnosis_s')}.",
         "",
         plate_md,
         "",
