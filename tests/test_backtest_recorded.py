@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from runwatch.backtest import backtest as bt
-from runwatch.backtest import recorded
+from runwatch.backtest import data, overlay
 from runwatch.backtest.remote_write import push, write_request
 from runwatch.core.command import UsageError
 from runwatch.prom.server import free_port
@@ -66,7 +65,7 @@ def lab_prometheus(tmp_path_factory):
     """A Prometheus holding the recorded runs, as a lab's would, on a free port."""
     tmp = tmp_path_factory.mktemp("recorded")
     flags = ("--web.enable-remote-write-receiver", "--web.enable-admin-api")  # the admin API: a snapshot
-    server = bt._server(binary("prometheus"), tmp, "lab", "lab", 0, 0, *flags)
+    server = data.server(binary("prometheus"), tmp, "lab", "lab", 0, 0, *flags)
     end = time.time() - 60
     with server.running():
         series = history("my-run", 1200, end, SPIKE_AT) + history("quiet-run", 600, end, seed=2)
@@ -174,10 +173,10 @@ def test_no_lab_and_recorded_flags_alone_are_refused(tmp_path):
 
 
 def test_parse_injections_defaults_and_refusals():
-    assert recorded.parse_injections("throughput_cut,gradient_spike:0.5") == [
-        recorded.Injection("throughput_cut", 0.3), recorded.Injection("gradient_spike", 0.5)]  # fmt: skip
+    assert overlay.parse_injections("throughput_cut,gradient_spike:0.5") == [
+        overlay.Injection("throughput_cut", 0.3), overlay.Injection("gradient_spike", 0.5)]  # fmt: skip
     with pytest.raises(UsageError, match="given twice"):
-        recorded.parse_injections("throughput_cut,throughput_cut:0.3")
+        overlay.parse_injections("throughput_cut,throughput_cut:0.3")
 
 
 # --- the console's Rules page: "Backtest this watched run" ---

@@ -9,7 +9,7 @@ plate's incidents overlaid on them.
 1. Reads each run's raw samples of the series the rules read (a range selector at one instant:
    every sample as scraped, with its own stamp) from the lab's Prometheus, another one, or a
    TSDB snapshot (a directory of blocks, served by a Prometheus of its own over a copy).
-2. Moves each run to the backtest's clock (runwatch.backtest.backtest: it starts at
+2. Moves each run to the backtest's clock (runwatch.backtest.data: it starts at
    DEFAULT_START, its scrapes half a second before each whole second, where the grid reads them),
    and, with `--inject`, adds copies of it with an incident overlaid from an onset on, at
    `--onsets` points spread over its history:
@@ -18,8 +18,9 @@ plate's incidents overlaid on them.
    - `gradient_spike:S`: the gradient norm x 10^S for 5 samples (S = 1: ten times);
    - `throughput_cut:S`: tokens/s, and the tokens counter's increase, x (1 - S) from the onset on.
 3. Loads them over remote write into a throwaway Prometheus, as the backtest loads its runs, and
-   evaluates every alert there on the 1 s grid (backtest.plan, backtest.firing_query, and its
-   `keep_firing_for` in PromQL as well: paging_query). Nothing here decides whether an alert fired.
+   evaluates every alert there on the 1 s grid (runwatch.backtest.plan: its plan, and its
+   firing_query, which honours `for:` and `keep_firing_for:` in PromQL). Nothing here decides
+   whether an alert fired.
 4. Reports each alert's pages on the untouched history: false alarms, if the runs were healthy
    (each unbroken stretch of firing is one page Alertmanager would send); with `--inject`, per
    incident and alert, the copies caught (the alert fires within HORIZON_S of the onset where the
@@ -39,7 +40,6 @@ import json
 import math
 import re
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -49,29 +49,22 @@ from pathlib import Path
 
 import requests
 
-from runwatch.backtest import backtest as bt
-from runwatch.backtest import sweep as workbench
+from runwatch.backtest import data, plan, variants
+from runwatch.backtest import evaluate as ev
+from runwatch.backtest.overlay import INJECTIONS, Injection, Run, injected, on_the_grid, onsets, parse_injections
+from runwatch.backtest.recorded_report import catches, false_alarms, report, sweep_report
 from runwatch.backtest.remote_write import push, write_request
+from runwatch.backtest.rules import Rules, load_rules, written
 from runwatch.core.command import DEFAULT_STATE, UsageError, check_writable, number
 from runwatch.core.durations import duration_seconds
 from runwatch.core.files import write_atomic
-from runwatch.core.names import RECORDED_INCIDENTS
+from runwatch.core.paths import Layout
 from runwatch.exporter import metrics as m
 from runwatch.prom.server import quoted
 from runwatch.prom.tools import binary
-from runwatch.trainer.offline import DEFAULT_START
 
 LAB = "lab"  # --from-prometheus without a value: the lab of .runwatch
 LAB_TSDB = "prometheus-data"  # a lab's Prometheus keeps its TSDB here in its state directory (runwatch.lab.supervise)
-INJECTIONS = {  # kind -> (the alert the plate pages it with, default strength, what it is)
-    "loss_to_chance": (RECORDED_INCIDENTS["loss_to_chance"], 1.0, "loss a share S of the way to chance, lasting"),
-    "gradient_spike": (RECORDED_INCIDENTS["gradient_spike"], 1.0, "gradient norm x 10^S for 5 samples"),
-    "throughput_cut": (RECORDED_INCIDENTS["throughput_cut"], 0.3, "tokens/s x (1 - S), lasting"),
-}
-SPIKE_SAMPLES = 5  # a gradient spike's length: the plate's lr spike lasts 5 steps
-WARMUP_S = 90  # no onset before this much history: the baselines need 20-30 samples
-HORIZON_S = 300  # an injection not seen in 5 minutes is missed; a copy ends here
-BASELINE_S = 1860  # a copy keeps this much history before its onset: ThroughputDrop's 30 m baseline, 30 s back
 MAX_RUNS = 50
 MAX_ONSETS = 50
 QUERY_SPAN_S = 10_000  # Prometheus answers at most 11,000 points a series to a range query
@@ -81,40 +74,6 @@ FETCH_TIMEOUT_S = 120
 
 
 # --- input ---
-
-
-@dataclass(frozen=True)
-class Injection:
-    kind: str
-    strength: float
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind}:{self.strength:g}"
-
-    @property
-    def alert(self) -> str:
-        return INJECTIONS[self.kind][0]
-
-
-def parse_injections(text: str) -> list[Injection]:
-    """'throughput_cut:0.3,gradient_spike' -> [Injection]; UsageError naming --inject otherwise."""
-    out = []
-    for part in (p.strip() for p in text.split(",")):
-        kind, _, strength = part.partition(":")
-        if kind not in INJECTIONS:
-            known = ", ".join(f"{k} ({v[2]})" for k, v in INJECTIONS.items())
-            raise UsageError(f"--inject: unknown incident {kind!r}; choose from {known}")
-        try:
-            s = float(strength) if strength else INJECTIONS[kind][1]
-        except ValueError:
-            s = math.nan
-        if not 0 < s <= 1:
-            raise UsageError(f"--inject: {kind}'s strength must be a number in (0, 1], got {strength!r}")
-        out.append(Injection(kind, s))
-    if len(set(out)) != len(out):
-        raise UsageError(f"--inject: an incident is given twice in {text!r}")
-    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -199,107 +158,12 @@ def fetch(base: str, run_id: str, families: set[str], end: float, since_s: float
     return _get(base, "query", {"query": query, "time": end})["result"]
 
 
-# --- 2: the runs as the backtest's clock has them, and the incidents overlaid ---
-
-
-@dataclass
-class Run:
-    run_id: str  # in the throwaway: the recorded id, or a copy's
-    source: str  # the recorded run it is (a copy's parent)
-    series: list[tuple[str, list[tuple[str, str]], list[float], list[int]]]  # as write_request takes them
-    end_ms: int
-    injection: Injection | None = None
-    onset_ms: int | None = None
-    onset_step: int | None = None
-    first_ms: int = 0
-    trained_ms: int = 0  # when its step last moved: a finished run's series are scraped on after its end
-
-    @property
-    def hours(self) -> float:
-        """How long it trained: from its first sample to its last step."""
-        return (self.trained_ms - self.first_ms) / 3.6e6
-
-
-def on_the_grid(run_id: str, found: list[dict]) -> Run:
-    """The run's samples, moved by whole seconds and its scrape phase so that it starts at
-    DEFAULT_START and each scrape falls half a second before a whole second, where the
-    backtest's grid reads it (as the live lab's rules read the scrape before them). Its target
-    labels become the backtest's (job trainer, instance offline/RUN), with an `up` of 1 at each of
-    its steps; a second target of the run (a rank) keeps its address after the run's."""
-    steps = [s for s in found if s["metric"]["__name__"] == m.STEP]
-    if not steps:
-        raise UsageError(f"--run-ids: run {run_id} has no {m.STEP} samples: did its job call step()?")
-    main = steps[0]["metric"].get("instance", "")
-    stamps = [round(float(t) * 1000) for t, _ in steps[0]["values"]]
-    phase = int(statistics.median(t % 1000 for t in stamps))
-    shift = int(DEFAULT_START * 1000) - (stamps[0] - phase) + (500 - phase)  # whole seconds, then to .500
-    series = []
-    for s in found:
-        labels = {k: v for k, v in s["metric"].items() if k not in ("__name__", "job", "instance")}
-        where = s["metric"].get("instance", "")
-        instance = f"offline/{run_id}" + ("" if where == main else f"/{where}")
-        values = [float(v) for _, v in s["values"]]
-        series.append((s["metric"]["__name__"], sorted({**labels, "job": "trainer", "instance": instance}.items()),
-                       values, [round(float(t) * 1000) + shift for t, _ in s["values"]]))  # fmt: skip
-    t = [x + shift for x in stamps]
-    series.append(("up", [("instance", f"offline/{run_id}"), ("job", "trainer")], [1.0] * len(t), t))
-    values = [float(v) for _, v in steps[0]["values"]]
-    trained = next((t[i] for i in range(len(t) - 1, 0, -1) if values[i] != values[i - 1]), t[-1])
-    return Run(run_id, run_id, series, max(max(s[3]) for s in series), first_ms=t[0], trained_ms=trained)
-
-
-def onsets(run: Run, count: int) -> list[tuple[int, int]]:
-    """(time, step) of `count` onsets spread evenly over the run's history, WARMUP_S after its
-    start and before its last minute of training; a UsageError if it is too short for one."""
-    name, _, values, stamps = next(s for s in run.series if s[0] == m.STEP)
-    usable = [(t, int(v)) for t, v in zip(stamps, values, strict=True)
-              if t >= run.first_ms + WARMUP_S * 1000 and t <= run.trained_ms - 60_000]  # fmt: skip
-    if not usable:
-        need = WARMUP_S + 60
-        raise UsageError(f"--inject: run {run.source} trained {run.hours * 3600:.0f} s; an injection "
-                         f"needs {need} s ({WARMUP_S} s of history before its onset, a minute after)")  # fmt: skip
-    picks = [usable[int(i * (len(usable) - 1) / max(count - 1, 1))] for i in range(count)] if count > 1 else [
-        usable[len(usable) // 2]]  # fmt: skip
-    return list(dict.fromkeys(picks))
-
-
-def injected(run: Run, inj: Injection, onset_ms: int, onset_step: int, chance: float | None) -> Run:
-    """A copy of the run with the incident overlaid from onset_ms on, cut to BASELINE_S before it
-    and HORIZON_S after it."""
-    copy_id = f"{run.source}+{inj.name}@{onset_step}"
-    lo, hi = onset_ms - BASELINE_S * 1000, onset_ms + HORIZON_S * 1000
-    out = []
-    for name, labels, values, stamps in run.series:  # each series' stamps rise
-        a, b = bisect.bisect_left(stamps, lo), bisect.bisect_right(stamps, hi)
-        v, t = values[a:b], stamps[a:b]
-        after = range(bisect.bisect_left(t, onset_ms), len(t))
-        if inj.kind == "loss_to_chance" and name in (m.LOSS, m.HELDOUT_LOSS):
-            for i in after:
-                v[i] += inj.strength * (chance - v[i])
-        elif inj.kind == "gradient_spike" and name == m.GRADIENT_NORM:
-            for i in after[:SPIKE_SAMPLES]:
-                v[i] *= 10**inj.strength
-        elif inj.kind == "throughput_cut" and name == m.TOKENS_PER_SECOND:
-            for i in after:
-                v[i] *= 1 - inj.strength
-        elif inj.kind == "throughput_cut" and name == m.TOKENS + "_total" and after:
-            base = v[max(after[0] - 1, 0)]
-            for i in after:
-                v[i] = base + (v[i] - base) * (1 - inj.strength)
-        labels = [(k, copy_id if k == "run_id" else x.replace(f"offline/{run.run_id}", f"offline/{copy_id}", 1)
-                   if k == "instance" else x) for k, x in labels]  # fmt: skip
-        if t:
-            out.append((name, labels, v, t))
-    end, first = max(max(s[3]) for s in out), min(s[3][0] for s in out)
-    return Run(copy_id, run.source, out, end, inj, onset_ms, onset_step, first)
-
-
 # --- 3: evaluate ---
 
 
 def _load(runs: list[Run], prometheus: str, tmp: Path) -> int:
     """Every run's samples into tmp/data, in half-hour slices in time order (one loading Prometheus)."""
-    loader = bt._loader(prometheus, tmp)
+    loader = data.loading_server(prometheus, tmp)
     t0, t1 = min(r.first_ms for r in runs) - 10_000, max(r.end_ms for r in runs)
     samples = 0
     with loader.running():
@@ -317,7 +181,7 @@ def _load(runs: list[Run], prometheus: str, tmp: Path) -> int:
             if n:
                 push(loader.base, body)
                 samples += n
-        bt._snapshot(loader, tmp / "data")
+        data.snapshot(loader, tmp / "data")
     return samples
 
 
@@ -336,141 +200,33 @@ def ranged(base: str, query: str, start: float, end: float) -> list[dict]:
     return list(joined.values())
 
 
-def paging_query(condition: str, rule: dict) -> str:
-    """backtest.firing_query, and `keep_firing_for: K` in PromQL too: firing at T when it fired at
-    an evaluation in [T-K, T] (Prometheus keeps it firing K after its last active evaluation), so
-    that a condition that flickers inside K is one page, as in the lab."""
-    query = bt.firing_query(condition, rule)
-    keep = duration_seconds(str(rule.get("keep_firing_for", "0s")), f"--rules: keep_firing_for: of {rule['alert']}")
-    return f"count_over_time(({query})[{round(keep) * 1000 + 500}ms:1s])" if keep >= 1 else query
-
-
-def evaluate(runs: list[Run], rules: bt.Rules, progress: bt.Progress) -> tuple[dict, dict, int]:
+def evaluate(runs: list[Run], rules: Rules, progress: data.Progress) -> tuple[dict, dict, int]:
     """Each alert's firing instants per run (run -> alert -> sorted whole seconds), each run's
     step at every instant (run -> second -> step), and the samples loaded."""
     prometheus = binary("prometheus")
     with tempfile.TemporaryDirectory(prefix="runwatch-recorded-") as tmp:
         samples = _load(runs, prometheus, Path(tmp))
         progress(f"loaded {len(runs)} runs ({samples:,} samples)")
-        prom = bt._throwaway(prometheus, Path(tmp), [{"end": r.end_ms / 1000} for r in runs])
-        how = bt.plan(rules, prom.start)
-        bt._backfill(prom, how.passes, progress)
+        prom = data.throwaway(prometheus, Path(tmp), [{"end": r.end_ms / 1000} for r in runs])
+        how = plan.plan(rules, prom.start)
+        ev.backfill(prom, how.passes, progress)
         ids = {r.run_id for r in runs}
         fired: dict[str, dict[str, set[int]]] = {r: {} for r in ids}
 
         def firing(i: int) -> list[dict]:
             rule = rules.alerting[i]
             progress(f"reading {rule['alert']} ({i + 1}/{len(rules.alerting)})", done=i + 1 == len(rules.alerting))
-            return ranged(prom.base, paging_query(how.conditions[i], rule), prom.start, prom.end)
+            return ranged(prom.base, plan.firing_query(how.conditions[i], rule), prom.start, prom.end)
 
-        with ThreadPoolExecutor(max(1, min(len(rules.alerting), bt.MAX_QUERIES))) as pool, prom.running():
+        with ThreadPoolExecutor(max(1, min(len(rules.alerting), ev.MAX_QUERIES))) as pool, prom.running():
             for rule, found in zip(rules.alerting, pool.map(firing, range(len(rules.alerting))), strict=True):
                 for s in found:
-                    run = bt.run_of(s["metric"], ids)
+                    run = ev.run_of(s["metric"], ids)
                     if run is not None:
                         fired[run].setdefault(rule["alert"], set()).update(round(float(t)) for t, _ in s["values"])
             steps = ranged(prom.base, f"last_over_time({m.STEP}[1m])", prom.start, prom.end)
     step_at = {s["metric"].get("run_id"): {round(float(t)): int(float(v)) for t, v in s["values"]} for s in steps}
     return {r: {a: sorted(t) for a, t in alerts.items()} for r, alerts in fired.items()}, step_at, samples
-
-
-# --- 4: report ---
-
-
-def episodes(times: list[int]) -> list[int]:
-    """The instants at which each unbroken stretch of firing began: a page each."""
-    return [t for i, t in enumerate(times) if i == 0 or t - times[i - 1] > 1]
-
-
-def false_alarms(runs: list[Run], fired: dict, step_at: dict, alerts: list[str]) -> dict:
-    """Per alert: its pages on the untouched runs, where, and per hour of their history."""
-    hours = sum(r.hours for r in runs)
-    out = {}
-    for alert in alerts:
-        pages = [(r.run_id, step_at.get(r.run_id, {}).get(t)) for r in runs
-                 for t in episodes(fired[r.run_id].get(alert, []))]  # fmt: skip
-        out[alert] = {"pages": len(pages), "per_hour": round(len(pages) / hours, 2) if hours else None,
-                      "runs_paged": len({r for r, _ in pages}), "runs": len(runs), "at": pages}  # fmt: skip
-    return out
-
-
-def catches(copies: list[Run], fired: dict, step_at: dict, alerts: list[str]) -> dict:
-    """Per injection and alert: the copies whose alert fired within HORIZON_S of the onset at an
-    instant the untouched run did not, and the delay to the first such instant, in steps."""
-    out: dict = {}
-    for c in copies:
-        onset = math.ceil(c.onset_ms / 1000)  # the first grid instant that reads the onset's sample
-        for alert in alerts:
-            theirs = set(fired[c.source].get(alert, []))
-            own = [t for t in fired[c.run_id].get(alert, []) if onset <= t <= onset + HORIZON_S and t not in theirs]
-            cell = out.setdefault(c.injection.name, {}).setdefault(alert, {"caught": 0, "copies": 0, "delays": []})
-            cell["copies"] += 1
-            if own:
-                cell["caught"] += 1
-                step = step_at.get(c.run_id, {}).get(own[0], c.onset_step)
-                cell["delays"].append({"steps": step - c.onset_step, "seconds": own[0] - c.onset_ms / 1000})
-    for per_alert in out.values():
-        for cell in per_alert.values():
-            steps = [d["steps"] for d in cell["delays"]]
-            secs = [d["seconds"] for d in cell["delays"]]
-            cell["median_steps"] = statistics.median(steps) if steps else None
-            cell["worst_steps"] = max(steps) if steps else None
-            cell["median_seconds"] = round(statistics.median(secs), 1) if secs else None
-    return out
-
-
-def _columns(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[j]) for r in rows) + 2 for j in range(len(rows[0]))]
-    return ["".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-
-
-def _n(v: float | None) -> str:
-    return "-" if v is None else f"{v:g}"
-
-
-def report(found: dict, alerts: list[str], injections: list[Injection]) -> str:
-    fa, caught = found["false_alarms"], found.get("catches", {})
-    lines = ["pages on your runs' own history, nothing injected (false alarms, if the runs were healthy):", ""]
-    rows = [["alert", "pages", "per hour", "runs paged", "at (run: step)"]]
-    for alert in alerts:
-        c = fa[alert]
-        at = ", ".join(f"{r}: {s}" for r, s in c["at"][:5]) + (" ..." if len(c["at"]) > 5 else "")
-        rows.append([alert, str(c["pages"]), _n(c["per_hour"]), f"{c['runs_paged']}/{c['runs']}", at or "-"])
-    lines += _columns(rows)
-    if caught:
-        lines += ["", f"injected incidents: caught when the alert fires within {HORIZON_S} s of the onset, at an "
-                  "instant the untouched run does not; delay in your run's steps", ""]  # fmt: skip
-        rows = [["incident", "alert", "caught", "delay median", "worst", "median seconds"]]
-        for inj in injections:
-            for alert in alerts:
-                c = caught[inj.name][alert]
-                if alert != inj.alert and not c["caught"]:
-                    continue  # an alert that catches nothing of an incident not its own: not a row
-                mark = " *" if alert == inj.alert else ""
-                rows.append([inj.name, alert + mark, f"{c['caught']}/{c['copies']}", _n(c["median_steps"]),
-                             _n(c["worst_steps"]), _n(c["median_seconds"])])  # fmt: skip
-        lines += _columns(rows)
-        lines.append("(* the alert the plate pages this incident with)")
-    return "\n".join(lines)
-
-
-def sweep_report(found: dict, swept: workbench.Sweep, current: str | None, injections: list[Injection]) -> str:
-    """One row per swept value: its false alarms on the history, and what it catches of each injection."""
-    head = ["value", "pages", "per hour"]
-    for inj in injections:
-        head += [f"{inj.name} caught", "delay"]
-    rows = [head]
-    written = f"{current} *" if current is not None else "as written *"  # the rule as --rules write it
-    for value, name in [(written, swept.alert), *zip(swept.values, swept.names, strict=True)]:
-        c = found["false_alarms"][name]
-        row = [value, str(c["pages"]), _n(c["per_hour"])]
-        for inj in injections:
-            k = found.get("catches", {}).get(inj.name, {}).get(name)
-            row += [f"{k['caught']}/{k['copies']}", _n(k["median_steps"])] if k else ["-", "-"]
-        rows.append(row)
-    field = "threshold" if swept.field == "threshold" else "for:"
-    title = f"{swept.alert}'s {field} swept over your runs (* the rules' own, first)"
-    return "\n".join([title, "", *_columns(rows)])
 
 
 # --- the command ---
@@ -501,7 +257,7 @@ def source_of(spec: str, tmp: Path, stack: contextlib.ExitStack) -> Source:
     if not tsdb.is_dir():
         raise UsageError(f"--from-prometheus: {spec} is no URL (http://...), lab state directory or TSDB directory")
     shutil.copytree(tsdb, tmp / "tsdb", ignore=shutil.ignore_patterns("lock", "snapshots"))
-    server = bt._server(binary("prometheus"), tmp, "tsdb", "tsdb", 0, 0)
+    server = data.server(binary("prometheus"), tmp, "tsdb", "tsdb", 0, 0)
     stack.enter_context(server.running())
     return Source(server.base, newest(server.base, tmp / "tsdb", spec), f"the TSDB in {tsdb}")
 
@@ -526,13 +282,13 @@ class Settings:
     since_s: float
     injections: list[Injection]
     chance: float | None
-    swept: workbench.Sweep | None
+    swept: variants.Sweep | None
 
 
 def settings(args: argparse.Namespace) -> Settings:
     """The flags, each bad one refused with a line that names it."""
     check_flags(args)
-    rules_dir = args.rules or bt.Layout().rules_dir
+    rules_dir = args.rules or Layout().rules_dir
     if not rules_dir.is_dir():
         raise UsageError(f"--rules: {rules_dir} is not a directory")
     if args.json is not None:
@@ -544,11 +300,11 @@ def settings(args: argparse.Namespace) -> Settings:
     if any(i.kind == "loss_to_chance" for i in injections) and args.num_classes is None:
         raise UsageError("--inject: loss_to_chance needs --num-classes N (your model's classes; chance is ln N nats)")
     chance = math.log(args.num_classes) if args.num_classes else None
-    swept = workbench.parse_sweep(args.sweep) if args.sweep else None
+    swept = variants.parse_sweep(args.sweep) if args.sweep else None
     return Settings(rules_dir, since_s, injections, chance, swept)
 
 
-def read_runs(spec: str, run_ids: str | None, families: set[str], since_s: float, progress: bt.Progress,
+def read_runs(spec: str, run_ids: str | None, families: set[str], since_s: float, progress: data.Progress,
               injecting: bool = False) -> tuple[str, list[Run]]:  # fmt: skip
     """(where they came from, each run asked for on the backtest's clock) from --from-prometheus's
     source; `injecting`: each must be long enough for an onset."""
@@ -586,11 +342,11 @@ def run(args: argparse.Namespace) -> int:
     asked = settings(args)
     # SIGTERM as well as Ctrl-C unwinds through the finally blocks that stop every Prometheus started here.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    progress, t0 = bt.Progress(), time.perf_counter()
-    rules = bt.load_rules(asked.rules_dir, binary("promtool"))
+    progress, t0 = data.Progress(), time.perf_counter()
+    rules = load_rules(asked.rules_dir, binary("promtool"))
     if asked.swept is not None:
-        rules = workbench.variants(asked.swept)(rules)
-    what, runs = read_runs(args.from_prometheus, args.run_ids, bt.families_read(rules) - {"up"}, asked.since_s,
+        rules = variants.variants(asked.swept)(rules)
+    what, runs = read_runs(args.from_prometheus, args.run_ids, plan.families_read(rules) - {"up"}, asked.since_s,
                            progress, bool(asked.injections))  # fmt: skip
     at = {r.run_id: onsets(r, args.onsets) if asked.injections else [] for r in runs}
     copies = [injected(r, inj, t, step, asked.chance) for r in runs for t, step in at[r.run_id]
@@ -625,7 +381,7 @@ def results(what: str, runs: list[Run], copies: list[Run], fired: dict, step_at:
     in_force = [a for a in alerts if swept is None or a not in swept.names]
     text += ["", report(found, in_force, asked.injections)]
     if swept is not None:
-        current = workbench.in_force(bt._written(asked.rules_dir), swept)
+        current = variants.in_force(written(asked.rules_dir), swept)
         text += ["", sweep_report(found, swept, current, asked.injections)]
         found["sweep"] = {"alert": swept.alert, "field": swept.field, "values": list(swept.values),
                           "in_force": current}  # fmt: skip
