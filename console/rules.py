@@ -52,16 +52,19 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from runwatch.console.sources import UnavailableError
 from runwatch.core.bounded import BoundedReadError, copy_folder, load_json_object, load_yaml
 from runwatch.core.durations import DurationError, duration_seconds
 from runwatch.core.files import replace_if
-from runwatch.core.names import THRESHOLD
+from runwatch.core.names import RECORDED_INCIDENTS, THRESHOLD
 from runwatch.core.paths import Layout
 
 ALERT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NUMBER = re.compile(r"\d*\.?\d+(?:[eE][-+]?\d+)?")
 SEEDS = re.compile(r"\d{1,4}(?:-\d{1,4})?")
 STRENGTHS = re.compile(r"\d*\.?\d+-\d*\.?\d+|\d*\.?\d+(?:,\d*\.?\d+)*")
+INJECT = re.compile(r"[a-z_]+(?::\d*\.?\d+)?(?:,[a-z_]+(?::\d*\.?\d+)?){0,5}")
+RUN_ID = re.compile(r"[^\x00-\x1f\x7f,]{1,200}")  # one run: any id a job names itself, one line, no list
 MAX_EDIT_EXPR = 4000  # characters: far more than any rule here, little enough to refuse a paste gone wrong
 BACKTEST_TIMEOUT_S = 600  # a cold backtest of 100 seeds is 10 s quiet, a minute on a loaded machine
 KEPT_PLOTS = 20
@@ -378,10 +381,20 @@ def rule_page(request: Request) -> Response:
 
 
 def _render(console: Any, layout: Layout, alert: Alert, extra: dict, status: int = 200) -> Response:
+    own = next((k for k, a in RECORDED_INCIDENTS.items() if a == alert.name), None)  # its incident, to overlay
     form = {"expr": alert.expr, "for": alert.hold, "threshold": alert.threshold or "", "seeds": "100-199",
-            "strengths": "0.05-1", **extra.pop("form", {})}  # fmt: skip
+            "strengths": "0.05-1", "run": "", "inject": own or "", "num_classes": "",
+            **extra.pop("form", {})}  # fmt: skip
     return console.render("rule.html", status=status, alert=alert, form=form, file=alert.file.name,
-                          root=layout.rules_dir, **extra)  # fmt: skip
+                          root=layout.rules_dir, runs=_watched_runs(console), **extra)  # fmt: skip
+
+
+def _watched_runs(console: Any) -> list[str]:
+    """The runs Prometheus holds, newest first, for "backtest this watched run" (none if it does not answer)."""
+    try:
+        return console.sources.runs()
+    except UnavailableError:  # the page still edits and backtests without Prometheus
+        return []
 
 
 async def _posted(request: Request) -> tuple[Any, Layout, Alert, dict, dict] | Response:
@@ -393,7 +406,8 @@ async def _posted(request: Request) -> tuple[Any, Layout, Alert, dict, dict] | R
     form = await _form(console, request)
     if isinstance(form, Response):
         return form
-    shown = {k: form.get(k, "") for k in ("expr", "for", "threshold", "seeds", "strengths")}
+    shown = {k: form.get(k, "") for k in ("expr", "for", "threshold", "seeds", "strengths", "run", "inject",
+                                          "num_classes")}  # fmt: skip
     return console, layout, alert, form, shown
 
 
@@ -449,6 +463,49 @@ async def _backtest_run(
         )
         table = json.loads(report.read_text())["summary"]["sweep"]["table"] if code == 0 else None
     return code, said, plot if code == 0 else None, table
+
+
+async def recorded(request: Request) -> Response:
+    """The "backtest this watched run" button: `runwatch backtest --from-prometheus` over one run Prometheus
+    holds, under a copy of the rules with the edit, with the sweep around the edited value and
+    the incidents asked for overlaid on it."""
+    posted = await _posted(request)
+    if isinstance(posted, Response):
+        return posted
+    console, layout, alert, form, shown = posted
+    run_id, inject, classes = (form.get(k, "").strip() for k in ("run", "inject", "num_classes"))
+    try:
+        edit = Edit.of(alert, form)
+        _, text = edit.text()
+        if not RUN_ID.fullmatch(run_id):
+            raise EditError("run: choose one of the runs Prometheus holds")
+        if inject and not INJECT.fullmatch(inject):
+            raise EditError(f"inject: incidents such as throughput_cut:0.3,gradient_spike, got {inject!r}")
+        if classes and not classes.isdigit():
+            raise EditError(f"number of classes: a whole number, got {classes!r}")
+    except EditError as err:
+        return _render(console, layout, alert, {"form": shown, "problem": str(err)}, 400)
+    bench = _workbench(request)
+    if bench.backtests >= MAX_BACKTESTS:
+        busy = f"a backtest is running already (at most {MAX_BACKTESTS} at a time); wait for it, then backtest again"
+        return _render(console, layout, alert, {"form": shown, "problem": busy}, 429)
+    bench.backtests += 1
+    try:
+        with tempfile.TemporaryDirectory(prefix="runwatch-console-recorded-") as tmp:
+            rules, scratch = Path(tmp) / "rules", Path(tmp) / "tmp"
+            copy_folder(layout.rules_dir, rules, ignore=shutil.ignore_patterns("*.previous"))
+            (rules / alert.file.name).write_text(text)
+            scratch.mkdir()
+            args = ["backtest", f"--from-prometheus={console.sources.prometheus}", f"--run-ids={run_id}",
+                    f"--rules={rules}", f"--sweep={edit.sweep()}", *([f"--inject={inject}"] if inject else []),
+                    *([f"--num-classes={classes}"] if classes else [])]  # fmt: skip
+            code, said = await run_in_threadpool(
+                _run, console, *args, timeout=BACKTEST_TIMEOUT_S, progress=False, tmp=scratch
+            )
+    finally:
+        bench.backtests -= 1
+    result = {"form": shown, "backtest": said, "ok": code == 0, "sweep": edit.sweep(), "recorded_run": run_id}
+    return _render(console, layout, alert, result, 200 if code == 0 else 400)
 
 
 async def apply(request: Request) -> Response:
@@ -565,4 +622,5 @@ ROUTES = [
     Route("/rules/{alert}", rule_page),
     Route("/rules/{alert}/backtest", backtest, methods=["POST"]),
     Route("/rules/{alert}/apply", apply, methods=["POST"]),
+    Route("/rules/{alert}/recorded", recorded, methods=["POST"]),
 ]

@@ -24,8 +24,8 @@ from runwatch.core.command import Command, Parser, UsageError
 COMMANDS: list[tuple[str, str, str, str]] = [
     ("train", "run the workshop's training run, live or offline", "runwatch.train", "add_arguments"),
     ("check", "check the lab's YAML: promtool and amtool, as after an edit", "runwatch.check", "add_arguments"),
-    ("backtest", "replay many seeds x incidents through a real Prometheus", "runwatch.backtest.backtest",
-     "add_arguments"),
+    ("backtest", "replay many seeds x incidents, or your recorded runs, through a real Prometheus",
+     "runwatch.backtest.command", "add_arguments"),
     ("up", "start the lab natively: trainer, Prometheus, Alertmanager, pager", "runwatch.lab.lab", "add_up"),
     ("down", "stop everything `runwatch up` started", "runwatch.lab.lab", "add_down"),
     ("status", "show the lab's processes and whether each is ready", "runwatch.lab.lab", "add_status"),

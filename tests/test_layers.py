@@ -178,7 +178,7 @@ def closure(g: dict[str, set[str]], start: str) -> set[str]:
 
 def test_the_subcommands_are_found():
     found = subcommands()
-    expected = {"runwatch.train", "runwatch.backtest.backtest", "runwatch.lab.lab", "runwatch.drill.drill"}
+    expected = {"runwatch.train", "runwatch.backtest.command", "runwatch.lab.lab", "runwatch.drill.drill"}
     expected |= {"runwatch.readouts.plate", "runwatch.oncall.pager", "runwatch.console.serve", "runwatch.probe"}
     expected |= {
         "runwatch.oncall.pager_serve",
@@ -267,9 +267,11 @@ def test_the_standalone_pager_listens_where_the_lab_says():
 
 # The backtest's modules in the order its data flows (issue 39): the plate's signatures and the
 # helpers the stages share, then the stages rules -> plan -> data -> evaluate -> report, the
-# workbench's report and last the command that runs them. Each imports only modules before it.
+# workbench's report, the command that runs them, the replay of recorded runs (which reuses the
+# stages, not the command) and last the dispatch between the two. Each imports only modules before it.
 BACKTEST_FLOW = ["signatures", "inline", "remote_write", "datacache", "rules", "variants", "plan", "data",
-                 "evaluate", "report", "sweep", "backtest"]  # fmt: skip
+                 "evaluate", "report", "sweep", "backtest", "overlay", "recorded_report", "recorded",
+                 "command"]  # fmt: skip
 BACKTEST_STAGES = ["rules", "plan", "data", "evaluate", "report", "backtest"]
 
 

@@ -42,7 +42,7 @@ GRACE_S = Process.__init__.__defaults__[1]  # what the backtest gives a child be
 class Console:
     """`runwatch console` of this test's own: its copy of the configuration, its TMPDIR, its cache."""
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, prometheus: str | None = None):
         for d in ("prometheus", "alertmanager"):
             shutil.copytree(REPO / d, tmp / d)
         self.root, self.state, self.tmp = tmp, tmp / "state", tmp / "tmpdir"
@@ -52,7 +52,7 @@ class Console:
         nowhere, port = f"http://127.0.0.1:{free_port()}", free_port()
         env = {**os.environ, "TMPDIR": str(self.tmp), "RUNWATCH_CACHE": str(tmp / "cache")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runwatch", "console", "--port", str(port), "--prometheus", nowhere,
+            [sys.executable, "-m", "runwatch", "console", "--port", str(port), "--prometheus", prometheus or nowhere,
              "--alertmanager", nowhere, "--pager", nowhere, "--state-dir", str(self.state)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip

@@ -13,6 +13,7 @@ evaluation (pipeline_s), and the times the rules' windows give (runbooks/Through
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -153,6 +154,32 @@ def test_repeat_pages_quote_their_own_episodes_step(jobs):
     steps_apart = (80 - 40) * 1000 / STEP_MS  # 40 s of steps
     assert second - first >= 0.5 * steps_apart, (first, second)
     assert both[1]["description"].startswith(f"At step {second} "), both[1]
+
+
+def test_the_backtest_over_a_recorded_run_reports_its_false_alarms(jobs, tmp_path):
+    """`runwatch backtest --from-prometheus` over the spikes job, once it has finished: the lab's
+    own Prometheus holds its record, and the replay pages the two spikes the lab paged, at their
+    steps (a report's steps either way: the lab's page reads the step an evaluation later)."""
+    lab, started = jobs
+    job = started["spikes"]
+    assert job.proc.wait(timeout=180) == 0, job.log.read_text()[-2000:]
+    live_pages = sorted(int(p["step"]) for p in pages(lab, job, "GradientNormJump"))
+    out = tmp_path / "recorded.json"
+    got = subprocess.run(
+        [sys.executable, "-m", "runwatch", "backtest", "--from-prometheus", lab.url("prometheus"), "--run-ids",
+         job.run_id, "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    replayed = json.loads(out.read_text())["false_alarms"]
+    steps = sorted(step for _, step in replayed["GradientNormJump"]["at"])
+    assert len(steps) == len(live_pages) == 2, (steps, live_pages)
+    report_steps = 1000 / STEP_MS  # a report a second
+    assert all(abs(a - b) <= 2 * report_steps for a, b in zip(steps, live_pages, strict=True)), (steps, live_pages)
+    assert "GradientNormJump" in got.stdout and f"{job.run_id}: {steps[0]}" in got.stdout, got.stdout
+    # and every alert the lab paged for the run, the replay pages as often (2026-12-02: the
+    # spikes' loss jumps too, TrainingLossJump at 720 and 1440 here, at 740 and 1440 in the lab)
+    paged = {a: len(pages(lab, job, a)) for a in replayed if pages(lab, job, a)}
+    assert {a: c["pages"] for a, c in replayed.items() if c["pages"]} == paged, (replayed, paged)
 
 
 def test_swings_of_seconds_do_not_page_throughput_drop_and_a_lasting_halving_pages_and_stays(jobs):

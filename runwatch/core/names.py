@@ -24,6 +24,10 @@ FIRST_FIRED_RANKS = "run_alert:runwatch_rank_step:first_fired"
 # The recording rule that holds each model alert's threshold, one series per alert labelled
 # alertname (alerts.yml): the alerts, the dashboards, the console's Rules page and the sweep read it.
 THRESHOLD = "alert:runwatch_threshold:ratio"
+# `runwatch backtest --from-prometheus --inject`: the incidents it overlays on a recorded run, each
+# with the alert the plate pages it with (runwatch.backtest.recorded; the console's Rules page offers them).
+RECORDED_INCIDENTS = {"loss_to_chance": "TrainingLossJump", "gradient_spike": "GradientNormJump",
+                      "throughput_cut": "ThroughputDrop"}  # fmt: skip
 # Recorded while every baseline the plate's four alerts compare with exists for a run
 # (baselines.yml): a live trainer holds its incident's onset until it does.
 BASELINES_READY = "run:runwatch_baselines:ready"
