@@ -50,8 +50,16 @@ EPISODE_FIRED = (
     "run_alert:runwatch_train_step:episode_fired{run_id=%q,alertname=%q}",
     "run_alert:runwatch_rank_step:episode_fired{run_id=%q,alertname=%q}",
 )
+# The cluster's run-wide alerts read the ranks' furthest step from its per-run record
+# (cluster.yml's run:runwatch_rank_step:max), not from every rank's series: Prometheus expands a
+# pending alert's annotations at each evaluation, and with many ranks down at once that read of
+# every rank for every alert stalled the group (issue 41). StragglerRank and the GPU alerts keep
+# the raw read: the record is a scrape late for them at a 5 s scrape (cluster_5s.test.yml).
+RUN_MAX = "run:runwatch_rank_step:max{run_id=%q}"
 NOW = {"": ("max(runwatch_train_step{run_id=%q})", "max(runwatch_rank_step{run_id=%q})"),
-       "TrainingStalled": ("max(runwatch_rank_step{run_id=%q})",)}  # fmt: skip
+       "TrainingStalled": (RUN_MAX,),
+       "RankDown": ("max(runwatch_train_step{run_id=%q})", RUN_MAX),
+       "JobRestarted": ("max(runwatch_train_step{run_id=%q})", RUN_MAX)}  # fmt: skip
 
 
 def step_of(alert: str) -> str:
