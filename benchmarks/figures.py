@@ -20,6 +20,7 @@ say so in the rendering, until their command records them again.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import os
 import re
@@ -97,6 +98,14 @@ def record(key: str, measure: str, command: list[str], keep: str | None = None) 
     if proc.wait() != 0:
         print(f"figures.py: {' '.join(command)} exited {proc.returncode}: nothing recorded", file=sys.stderr)
         return proc.returncode
+    with open(DATA.with_name(".figures.lock"), "w") as lock:  # two tiers recorded side by side (.ci/run)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _keep(key, measure, command, lines, before, start)
+    print(f"figures.py: recorded {key} in {DATA} and {PAGE}", file=sys.stderr)
+    return 0
+
+
+def _keep(key: str, measure: str, command: list[str], lines: list[str], before: float, start: float) -> None:
     records = load()
     shown = ["python" if Path(command[0]).name.startswith("python") else command[0], *command[1:]]
     records[key] = {
@@ -111,8 +120,6 @@ def record(key: str, measure: str, command: list[str], keep: str | None = None) 
     }
     write(DATA, json.dumps(records, indent=1, sort_keys=True) + "\n")
     write(PAGE, render(records))
-    print(f"figures.py: recorded {key} in {DATA} and {PAGE}", file=sys.stderr)
-    return 0
 
 
 def main(argv: list[str]) -> int:
