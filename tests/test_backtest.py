@@ -440,6 +440,7 @@ def test_a_lab_s_order_moves_only_the_alerts_that_read_recordings_alone():
     condition is recordings only (TrainingLossJump) reads them a scrape late: one step later."""
     seeds, rules = [3], REPO / "prometheus" / "rules"
     late = Schedule({"runwatch-baselines": 0.9, "runwatch-training": 0.3, "runwatch-targets": 0.5,
+                        "runwatch-cluster-ranks": 0.1, "runwatch-cluster-gpus": 0.1,
                         "runwatch-cluster": 0.1, "runwatch-cluster-10m": 0.2})  # fmt: skip
     fresh = bt.backtest(seeds, rules, ("corrupt_shard",), progress=lambda *a, **k: None)
     lagged = bt.backtest(seeds, rules, ("corrupt_shard",), progress=lambda *a, **k: None, schedule=late)
