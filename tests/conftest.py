@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 from runwatch.core.command import UsageError
 from runwatch.core.paths import REPO
@@ -157,6 +158,28 @@ def threshold(alert: str, value: str) -> str:
     >>> edit(alerts, threshold("HeldOutGap", "2"), threshold("HeldOutGap", "1.5"))
     """
     return f"alertname: {alert}\n        expr: vector({value})\n"
+
+
+def keep_unit_tests(root: Path, **keep: tuple[str, ...]) -> None:
+    """Leave in ROOT/prometheus/tests only the unit-test files named (as `alerts=("HeldOutGap",)`
+    for alerts.test.yml), each with only its groups that name one of the alerts given (all of
+    them for an empty tuple). Every unit test of the shipped rules takes promtool about 20 s of
+    CPU; a test of how a check reports, or of when it runs, needs the few that bear on its case.
+    The repository's own check runs them all (test_check, test_edit_check)."""
+    from runwatch.core.paths import Layout
+    from runwatch.prom.edits import groups
+
+    named = {f"{name}.test.yml": alerts for name, alerts in keep.items()}
+    for test_file in Layout(root).rule_tests():
+        if test_file.name not in named:
+            test_file.unlink()
+        elif named[test_file.name]:
+            found = [(g, doc) for g, doc in groups(Layout(root), set(named[test_file.name])) if g.source == test_file]
+            kept = [doc["tests"][0] for g, doc in found if g.named]
+            assert kept, f"no group of {test_file.name} names {named[test_file.name]}"
+            head = yaml.safe_load(test_file.read_text())
+            # written as promtool reads it (runwatch.prom.edits: `values: 0x100` stays a string)
+            test_file.write_text(yaml.safe_dump({**found[0][1], "rule_files": head["rule_files"], "tests": kept}))
 
 
 def as_the_lab_s_alertmanager(state: Path) -> dict[str, str]:

@@ -221,10 +221,10 @@ def rule_specs(docs: list[dict]) -> dict[str, dict]:
 
 
 @pytest.mark.integration
-def test_the_rendered_rules_are_the_rule_files_and_pass_every_promtool_test(tmp_path):
-    """With the lab's runbook URL the specs are the rule files, group for group; written out,
-    `promtool check rules` accepts them and every test file of prometheus/tests/ passes on them
-    unchanged (they read ../rules/*.yml)."""
+def test_the_rendered_rules_are_the_rule_files_and_promtool_accepts_them(tmp_path):
+    """With the lab's runbook URL the specs are the rule files, group for group, and written out
+    `promtool check rules` accepts them. Being the rule files, they pass every unit test of
+    prometheus/tests/ as the rule files do (test_check runs them all on the repository)."""
     specs = rule_specs(render(*STACK, "--set", f"runbookBaseURL={LAB_RUNBOOKS}"))
     sources = sorted((REPO / "prometheus" / "rules").glob("*.yml"))
     assert sorted(specs) == [f"prometheus/rules/{f.name}" for f in sources]
@@ -236,13 +236,6 @@ def test_the_rendered_rules_are_the_rule_files_and_pass_every_promtool_test(tmp_
     res = subprocess.run([promtool, "check", "rules", *sorted((tmp_path / "rules").glob("*.yml"))],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
-    shutil.copytree(REPO / "prometheus" / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("*.py"))
-    tests = sorted((tmp_path / "tests").glob("*.test.yml"))
-    assert len(tests) == len(list((REPO / "prometheus" / "tests").glob("*.test.yml")))
-    res = subprocess.run([promtool, "test", "rules", *map(str, tests)], cwd=tmp_path / "tests",
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert res.stdout.count("SUCCESS") == len(tests), res.stdout
 
 
 def runbook_urls(docs: list[dict]) -> dict[str, str]:

@@ -13,7 +13,7 @@ import pytest
 
 from runwatch.core.paths import REPO, Layout
 from runwatch.prom.edits import changed_alerts, check_edit, groups
-from tests.conftest import edit, threshold
+from tests.conftest import edit, keep_unit_tests, threshold
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +33,7 @@ def copy(tmp_path: Path) -> Path:
 
 
 def test_a_threshold_edit_passes_as_an_edit_and_fails_the_repository_s_strict_check(copy):
+    keep_unit_tests(copy, alerts=("TrainingLossJump", "HeldOutGap"), incidents=("TrainingLossJump",), two_runs=())
     alerts = copy / "prometheus" / "rules" / "alerts.yml"
     edit(alerts, threshold("TrainingLossJump", "3"), threshold("TrainingLossJump", "2.5"))
     res = check(copy, f"--edit-of={copy / 'in-force'}")
@@ -54,6 +55,7 @@ def test_each_group_alone_passes_on_the_rules_as_shipped(copy):
 
 
 def test_an_edit_that_pages_on_two_healthy_runs_is_refused_by_the_two_runs_evaluation(copy):
+    keep_unit_tests(copy, two_runs=(), baselines=())
     alerts = copy / "prometheus" / "rules" / "alerts.yml"
     edit(alerts, threshold("TrainingLossJump", "3"), threshold("TrainingLossJump", "0.5"))
     ok, lines = check_edit(Layout(copy), copy / "in-force")
@@ -64,6 +66,7 @@ def test_an_edit_that_pages_on_two_healthy_runs_is_refused_by_the_two_runs_evalu
 
 
 def test_groups_an_earlier_edit_broke_are_left_out_and_named(copy):
+    keep_unit_tests(copy, alerts=("TrainingLossJump", "HeldOutGap"), two_runs=())
     alerts = copy / "prometheus" / "rules" / "alerts.yml"
     edit(alerts, threshold("TrainingLossJump", "3"), threshold("TrainingLossJump", "2.5"))
     shutil.rmtree(copy / "in-force")

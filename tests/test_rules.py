@@ -20,7 +20,7 @@ from runwatch.core.names import (
     TARGET_ALERTS,
 )
 from runwatch.core.paths import REPO
-from tests.conftest import edit, need, threshold
+from tests.conftest import edit, keep_unit_tests, need, threshold
 
 RULES = REPO / "prometheus" / "rules"
 TESTS = REPO / "prometheus" / "tests"
@@ -101,6 +101,7 @@ def test_a_rule_that_fails_only_once_a_second_run_exists_is_refused_by_check(tmp
     two runs at once; the rule fails there, named, with Prometheus's own error."""
     for d in ("prometheus", "alertmanager"):
         shutil.copytree(REPO / d, tmp_path / d)
+    keep_unit_tests(tmp_path, two_runs=(), baselines=(), first_fired=())  # one fails, the others pass
     alerts = tmp_path / "prometheus" / "rules" / "alerts.yml"
     edit(alerts, "      - alert: TrainingLossJump\n", JOINED_ON_JOB + "      - alert: TrainingLossJump\n", 1)
     res = subprocess.run([sys.executable, "-m", "runwatch", "check", "--root", str(tmp_path)], cwd=tmp_path,

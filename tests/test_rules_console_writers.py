@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -29,7 +30,8 @@ import requests
 from runwatch.console.rules import BACKTEST_TIMEOUT_S, CHECK_TIMEOUT_S, GROUP_END_S
 from runwatch.core.paths import REPO
 from runwatch.prom.server import Process, free_port, wait_ready
-from tests.conftest import wait_for
+from runwatch.prom.tools import binary
+from tests.conftest import keep_unit_tests, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -39,18 +41,44 @@ SAME_RULE = f'({HELD_OUT})\n  > scalar(alert:runwatch_threshold:ratio{{alertname
 GRACE_S = Process.__init__.__defaults__[1]  # what the backtest gives a child between SIGTERM and SIGKILL
 
 
-class Console:
-    """`runwatch console` of this test's own: its copy of the configuration, its TMPDIR, its cache."""
+def gated_promtool(tmp: Path) -> Path:
+    """A folder of the lab's binaries (RUNWATCH_BIN) whose promtool waits, before each run but
+    its --version, until the test creates GATE/open; GATE/reached says one is waiting. "While
+    an Apply's checks run" is then a state the test holds as long as it needs, not a race
+    against how long promtool takes."""
+    folder, gate = tmp / "gated-bin", tmp / "gate"
+    folder.mkdir()
+    gate.mkdir()
+    for name in ("prometheus", "alertmanager", "amtool"):
+        (folder / name).symlink_to(binary(name))
+    promtool = folder / "promtool"
+    promtool.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] || {{ : > {gate}/reached; while [ ! -e {gate}/open ]; do sleep 0.05; done; }}\n'
+        f'exec {binary("promtool")} "$@"\n'
+    )
+    promtool.chmod(0o755)
+    return gate
 
-    def __init__(self, tmp, prometheus: str | None = None):
+
+class Console:
+    """`runwatch console` of this test's own: its copy of the configuration, its TMPDIR, its cache.
+    Its unit tests are the two-runs evaluation's and the baselines' (the checks' report is the
+    subject here, not the shipped tests: test_edit_check). With `gated`, its promtool waits at a
+    gate the test opens (gated_promtool)."""
+
+    def __init__(self, tmp, prometheus: str | None = None, gated: bool = False):
         for d in ("prometheus", "alertmanager"):
             shutil.copytree(REPO / d, tmp / d)
+        keep_unit_tests(tmp, two_runs=(), baselines=())
         self.root, self.state, self.tmp = tmp, tmp / "state", tmp / "tmpdir"
         self.state.mkdir()
         self.tmp.mkdir()
         (self.state / "lab.json").write_text(json.dumps({"run_id": "r1", "root": str(tmp), "urls": {}}))
         nowhere, port = f"http://127.0.0.1:{free_port()}", free_port()
         env = {**os.environ, "TMPDIR": str(self.tmp), "RUNWATCH_CACHE": str(tmp / "cache")}
+        self.gate = gated_promtool(tmp) if gated else None
+        if self.gate:
+            env["RUNWATCH_BIN"] = str(tmp / "gated-bin")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runwatch", "console", "--port", str(port), "--prometheus", prometheus or nowhere,
              "--alertmanager", nowhere, "--pager", nowhere, "--state-dir", str(self.state)],
@@ -93,6 +121,14 @@ def console(tmp_path):
     one.stop()
 
 
+@pytest.fixture
+def gated(tmp_path):
+    one = Console(tmp_path, gated=True)
+    yield one
+    (one.gate / "open").touch()  # a failure above leaves no promtool waiting
+    one.stop()
+
+
 class Posted(threading.Thread):
     """A POST on its own thread: the test acts while the console works on it."""
 
@@ -114,22 +150,26 @@ class Posted(threading.Thread):
 APPLY = {"expr": SAME_RULE, "for": "10s", "threshold": "2"}
 
 
-def test_a_second_apply_is_told_to_wait_and_both_end(console):
+def test_a_second_apply_is_told_to_wait_and_both_end(gated):
+    console = gated
     first = Posted(console, "/rules/HeldOutGap/apply", APPLY, 2 * CHECK_TIMEOUT_S)
-    wait_for(lambda: console.running("check"), CHECK_TIMEOUT_S, "the first Apply's runwatch check")
+    wait_for(lambda: (console.gate / "reached").exists(), CHECK_TIMEOUT_S, "the first Apply's promtool")
     second = console.post("/rules/HeldOutGap/apply", APPLY, CHECK_TIMEOUT_S)
     assert second.status_code == 409 and "another Apply is running" in second.text, second.text[-500:]
     assert console.get("/-/ready").status_code == 200 and console.running("check")  # answered while it checks
+    (console.gate / "open").touch()
     assert first.result(2 * CHECK_TIMEOUT_S).status_code in (200, 400)
     assert console.get("/-/ready").status_code == 200
 
 
-def test_a_save_on_disk_during_an_apply_is_kept_and_the_apply_refused(console):
+def test_a_save_on_disk_during_an_apply_is_kept_and_the_apply_refused(gated):
+    console = gated
     shipped = console.alerts.read_text()
     first = Posted(console, "/rules/HeldOutGap/apply", APPLY, 2 * CHECK_TIMEOUT_S)
-    wait_for(lambda: console.running("check"), CHECK_TIMEOUT_S, "the Apply's runwatch check")
+    wait_for(lambda: (console.gate / "reached").exists(), CHECK_TIMEOUT_S, "the Apply's promtool")
     saved = shipped + "# the learner's own note, saved while the Apply checks\n"
     console.alerts.write_text(saved)
+    (console.gate / "open").touch()
     resp = first.result(2 * CHECK_TIMEOUT_S)
     assert resp.status_code == 400 and "changed on disk while you edited it" in resp.text, resp.text[-2000:]
     assert console.alerts.read_text() == saved
