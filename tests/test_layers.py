@@ -70,7 +70,7 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from runwatch.lab import lab` imports the module runwatch.lab.lab
+            # `from runwatch.lab import up` imports the module runwatch.lab.up
             targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
         else:
             continue
@@ -178,7 +178,8 @@ def closure(g: dict[str, set[str]], start: str) -> set[str]:
 
 def test_the_subcommands_are_found():
     found = subcommands()
-    expected = {"runwatch.train", "runwatch.backtest.command", "runwatch.lab.lab", "runwatch.drill.drill"}
+    expected = {"runwatch.train", "runwatch.backtest.command", "runwatch.lab.up", "runwatch.drill.drill"}
+    expected |= {"runwatch.lab.down", "runwatch.lab.status", "runwatch.lab.reload"}
     expected |= {"runwatch.readouts.plate", "runwatch.oncall.pager", "runwatch.console.serve", "runwatch.probe"}
     expected |= {
         "runwatch.oncall.pager_serve",

@@ -53,7 +53,7 @@ def gated_promtool(tmp: Path) -> Path:
         (folder / name).symlink_to(binary(name))
     promtool = folder / "promtool"
     promtool.write_text(
-        f'#!/bin/sh\n[ "$1" = --version ] || {{ : > {gate}/reached; while [ ! -e {gate}/open ]; do sleep 0.05; done; }}\n'
+        f'#!/bin/sh\n[ "$1" = --version ] || {{ : > {gate}/reached; until [ -e {gate}/open ]; do sleep 0.05; done; }}\n'
         f'exec {binary("promtool")} "$@"\n'
     )
     promtool.chmod(0o755)

@@ -213,8 +213,8 @@ def test_the_lab_s_trainer_waits_for_prometheus_unless_told_not_to(tmp_path):
     the baselines; `--no-wait-for-prometheus` starts them as a real, unwatched job runs."""
     import argparse
 
-    from runwatch.lab.lab import add_up
     from runwatch.lab.supervise import Lab
+    from runwatch.lab.up import add_arguments as add_up
 
     parser = argparse.ArgumentParser()
     add_up(parser)

@@ -22,7 +22,7 @@ import shlex
 
 from runwatch.core.command import Command, UsageError, add_state_dir, number, read_json, state_flag
 from runwatch.drill.record import Drill, now
-from runwatch.lab.up import add_ports, up
+from runwatch.lab.start import add_ports, up
 from runwatch.trainer.config import DIFFICULTIES, MAX_RANKS, SEED, STEP, onset_range
 
 
