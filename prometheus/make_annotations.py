@@ -12,12 +12,17 @@ own, so a description cannot refer to the `step` annotation: the lookup is writt
 from step_of(). Line by line, not through a YAML round trip, which would drop the comments that say
 why each number is what it is. Idempotent: a second run changes nothing.
 
+A lookup is written over lines of at most WIDTH characters, broken where YAML folds a line break
+back into the one space it replaced (a `>-` description's lines, a single-quoted `step:`'s):
+the annotation Prometheus reads is one line, as if written on one.
+
 Do not use it to change what an alert does: it never touches an expression.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 from pathlib import Path
@@ -74,6 +79,45 @@ _RUNBOOK = re.compile(r"^(?P<indent>\s*)runbook_url:.*$")
 _STEP = re.compile(r"^(?P<indent>\s*)step:.*$")
 # "At step " and the lookup after it, up to the first {{ end }}: a description's step
 _DESCRIBED_STEP = re.compile(r"(?P<lead>At step )\{\{-?\s*with\b.*?\{\{-?\s*end\s*-?\}\}")
+_LOOKUP_START = re.compile(r"At step \{\{-?\s*with\b")
+_END = re.compile(r"\{\{-?\s*end\s*-?\}\}")
+WIDTH = 120  # a rule file's lines, as a learner reads them (issue 39)
+# Where a written lookup may break: before each `or on()`, each argument and the `| query`, and
+# after the lookup's `{{ end }}`; nowhere else, so that each piece reads whole.
+_BREAK = re.compile(r"(?<=\S) (?=or on\(\) |\$labels\.run_id|\| query }})|(?<=\{\{ end }}) (?=\S)")
+
+
+def _wrapped(line: str, indent: str) -> str:
+    """line over lines of at most WIDTH characters where it can break (_BREAK), the later ones
+    at `indent` (which YAML folds away); a piece longer than that stays whole."""
+    pieces = _BREAK.split(line)
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        if len(out[-1]) + 1 + len(piece) <= WIDTH:
+            out[-1] += " " + piece
+        else:
+            out.append(indent + piece)
+    return "\n".join(out)
+
+
+def _unfolded(lines: list[str]) -> list[str]:
+    """The lines with each written lookup joined back into one (as _wrapped broke it), so that
+    a rule file is read the same however its lookups were wrapped."""
+    out: list[str] = []
+    joining = None  # what ends the lookup being joined: a step's closing quote, or `{{ end }}`
+    for line in lines:
+        body = line.rstrip("\n")
+        if joining is not None:
+            out[-1] = out[-1].rstrip("\n") + " " + body.strip() + line[len(body) :]
+            if joining(body):
+                joining = None
+            continue
+        out.append(line)
+        if _STEP.match(body) and body.count("'") == 1:
+            joining = lambda b: b.rstrip().endswith("'")  # noqa: E731
+        elif (m := _LOOKUP_START.search(body)) and not _END.search(body, m.end()):
+            joining = lambda b: _END.search(b) is not None  # noqa: E731
+    return out
 
 
 class AnnotationError(ValueError):
@@ -82,7 +126,7 @@ class AnnotationError(ValueError):
 
 def render(text: str, base_url: str = BASE_URL, where: str = "rules") -> str:
     """text with every alert's runbook_url, step and described step written from the patterns."""
-    lines = text.splitlines(keepends=True)
+    lines = _unfolded(text.splitlines(keepends=True))
     out: list[str] = []
     alert: str | None = None
     has_runbook: dict[str, bool] = {}
@@ -105,9 +149,10 @@ def render(text: str, base_url: str = BASE_URL, where: str = "rules") -> str:
                 has_runbook[alert] = True
                 body = f"{m['indent']}runbook_url: {RUNBOOK_URL_PATTERN.format(base=base_url, alertname=alert)}"
             elif m := _STEP.match(body):
-                body = f"{m['indent']}step: '{step}'"
-            else:
-                body = _DESCRIBED_STEP.sub(lambda d, s=step: d["lead"] + s, body)
+                body = _wrapped(f"{m['indent']}step: '{step}'", m["indent"] + "  ")
+            elif _DESCRIBED_STEP.search(body):
+                indent = body[: len(body) - len(body.lstrip())]
+                body = _wrapped(_DESCRIBED_STEP.sub(lambda d, s=step: d["lead"] + s, body), indent)
         out.append(body + newline)
     # an alert without a link gets one, first under its annotations (the inserts go from the end,
     # so the earlier indices stay right)
@@ -121,12 +166,16 @@ def render(text: str, base_url: str = BASE_URL, where: str = "rules") -> str:
 
 
 def drift(before: str, after: str, where: str) -> list[str]:
-    """One line per line that render() would change: the file, the line number and what it says."""
+    """One line per stretch of lines that render() would change: the file, the first line's
+    number and what it says (or where a line it would add, a runbook_url, is missing)."""
     a, b = before.splitlines(), after.splitlines()
-    if len(a) != len(b):
-        return [f"{where}: an alert has no runbook_url line"]
-    changed = [n for n, (old, new) in enumerate(zip(a, b, strict=True), 1) if old != new]
-    return [f"{where}: line {n}: {a[n - 1].strip()[:80]}" for n in changed]
+    found = []
+    for tag, i1, _, j1, _ in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag == "insert":
+            found.append(f"{where}: line {i1 + 1}: a line is missing before it: {b[j1].strip()[:60]}")
+        elif tag != "equal":
+            found.append(f"{where}: line {i1 + 1}: {a[i1].strip()[:80]}")
+    return found
 
 
 def rule_files(rules: Path) -> list[Path]:
