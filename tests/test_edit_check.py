@@ -44,6 +44,7 @@ def test_a_threshold_edit_passes_as_an_edit_and_fails_the_repository_s_strict_ch
     assert strict.returncode == 1 and "FAIL  promtool test rules" in strict.stdout
 
 
+@pytest.mark.slow  # every unit test of the shipped rules, one promtool a group: half a minute of both cores
 def test_each_group_alone_passes_on_the_rules_as_shipped(copy):
     """Run group by group, the unit tests pass as the files do (promtool reads `values: 0x100` as
     a hundred zeros, YAML 1.1 as 256: the groups are written out as promtool reads them)."""
