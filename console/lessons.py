@@ -80,13 +80,22 @@ def lessons_page(request: Request) -> Response:
     return _page(request.app.state.console, asked=request.query_params.get("lesson", ""))
 
 
-async def check(request: Request) -> Response:
+async def _asked(request: Request) -> tuple[Any, str] | Response:
+    """The console and the lesson number a form asks for ("" if it names none), or the form's refusal."""
     console = request.app.state.console
     form = await request.app.state.form(console, request)
     if isinstance(form, Response):
         return form
     number = form.get("lesson", "")
-    if not number.isdigit():
+    return console, number if number.isdigit() else ""
+
+
+async def check(request: Request) -> Response:
+    asked = await _asked(request)
+    if isinstance(asked, Response):
+        return asked
+    console, number = asked
+    if not number:
         return _page(console, problem="check: choose a lesson (its Check button says which)")
     checked, said = await run_in_threadpool(_lesson, console, "check", number)
     return await run_in_threadpool(_page, console, checked, said)
@@ -105,12 +114,11 @@ def _poll_once(console: Any, number: str) -> tuple[dict | None, str]:
 
 async def poll(request: Request) -> Response:
     """The current lesson's open steps checked now, as JSON for static/lessons.js."""
-    console = request.app.state.console
-    form = await request.app.state.form(console, request)
-    if isinstance(form, Response):
-        return form
-    number = form.get("lesson", "")
-    if not number.isdigit():
+    asked = await _asked(request)
+    if isinstance(asked, Response):
+        return asked
+    console, number = asked
+    if not number:
         return JSONResponse({"error": "lesson: which lesson, e.g. lesson=1"}, 400)
     checked, said = await run_in_threadpool(_poll_once, console, number)
     if checked is None:
