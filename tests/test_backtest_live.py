@@ -184,7 +184,7 @@ def test_the_backtest_reads_the_first_fires_the_live_lab_records(incident, seed,
     cfg, rules = TrainConfig(incident=incident, seed=seed), root / "prometheus" / "rules"
     # Live from the first step whose every window at the onset holds only live steps, as in the
     # backtest's runs (a fast-forward leaves Prometheus no history before it). A window longer
-    # than the steps before the onset (ThroughputDrop's 30-minute baseline) holds every step from
+    # than the steps before the onset (ThroughputDrop's 6-hour baseline) holds every step from
     # 0 in both: the live run then trains from step 0, as the backtest's does.
     fast_forward = max(0, cfg.onset - math.ceil(longest_reach(rules)) - 1)
     # Compared up to two steps after every fire the backtest expects read fresh (a lab's order of
