@@ -368,3 +368,28 @@ SMALL_PACKAGES = (REPO / "oncall", REPO / "runwatch" / "backtest", REPO / "runwa
 def test_each_module_of_the_pager_the_backtest_and_the_lab_is_under_400_lines(folder):
     long = {p.name: n for p in sorted(folder.glob("*.py")) if (n := len(p.read_text().splitlines())) >= 400}
     assert not long, f"{folder.relative_to(REPO)}: split these by concern: {long}"
+
+
+# The cluster, in one place (issue 39, item 4): its trainer (a rank, its collective, its GPU, its
+# faults), its exporter (a rank's series and the launcher's) and its supervision (runwatch.cluster)
+# live where the layout puts trainers, exporters and commands, and are entered from outside only
+# at these doors, each for the reason given.
+CLUSTER = ("runwatch.trainer.rank", "runwatch.trainer.parallel", "runwatch.trainer.gpu", "runwatch.trainer.faults",
+           "runwatch.exporter.rank_metrics", "runwatch.cluster")  # fmt: skip
+CLUSTER_DOORS = {
+    "runwatch.trainer.offline": "the backtest's ranks, simulated offline with the live ranks' faults, GPU and series",
+    "runwatch.watch": "a user's rank serves the series the cluster's rules read, by the exporter's names",
+    "runwatch.trainer.run": "the plate's run in one process shares its gradient as its N ranks would, bit for bit",
+    "runwatch.train": "`runwatch train --ranks N` is the launcher's command line",
+    "runwatch.lab.start": "`runwatch up --ranks N` writes the ranks' targets",
+}
+
+
+def in_cluster(name: str) -> bool:
+    return any(name == c or name.startswith(f"{c}.") for c in CLUSTER)
+
+
+def test_the_cluster_is_entered_only_at_its_doors():
+    entered = {name: sorted(filter(in_cluster, found)) for name, found in graph().items() if not in_cluster(name)}
+    entered = {name: found for name, found in entered.items() if found}
+    assert sorted(entered) == sorted(CLUSTER_DOORS), entered
