@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
@@ -56,8 +57,10 @@ class _Handler(BaseHTTPRequestHandler):
 class MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int):
-        self.registry = registry
+    def __init__(
+        self, registry: CollectorRegistry, host: str, port: int, clock: Callable[[], float] = time.perf_counter
+    ):
+        self.registry, self._clock = registry, clock
         self._scrape = Gauge(
             SCRAPE_DURATION,
             "Seconds the exporter took to render the previous /metrics response.",
@@ -77,14 +80,16 @@ class MetricsServer(ThreadingHTTPServer):
 
     def render(self) -> bytes:
         with self._lock:
-            t0 = time.perf_counter()
+            t0 = self._clock()
             body = generate_latest(self.registry)
-            self._scrape.set(time.perf_counter() - t0)
+            self._scrape.set(self._clock() - t0)
         return body
 
 
-def start(registry: CollectorRegistry, port: int, host: str = LOOPBACK) -> MetricsServer:
+def start(
+    registry: CollectorRegistry, port: int, host: str = LOOPBACK, clock: Callable[[], float] = time.perf_counter
+) -> MetricsServer:
     """Serve registry on host:port in a daemon thread; raise PortInUseError if the port is taken."""
-    srv = MetricsServer(registry, host, port)
+    srv = MetricsServer(registry, host, port, clock)
     threading.Thread(target=srv.serve_forever, name="metrics", daemon=True).start()
     return srv
