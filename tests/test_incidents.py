@@ -156,3 +156,61 @@ def test_runwatch_pager_prints_the_ack_and_the_incidents_still_to_ack(pager, cap
 def test_an_ack_of_no_incident_in_a_hand_made_log_is_left_out():
     lines = [{"kind": "ack", "alert": "A", "run_id": "r", "received_at": "2024-05-01T12:00:00.000Z"}]
     assert incidents(lines) == []
+
+
+@pytest.mark.integration
+def test_a_resolved_page_stores_what_its_rule_measured_when_it_resolved(tmp_path):
+    """Alertmanager's resolution carries the last firing description ("2.2x"): the pager asks a
+    real Prometheus for the rule's measure at the resolution instead, for either comparison."""
+    from runwatch.prom.server import Process, free_port, prometheus_argv
+    from tests.conftest import need
+
+    rules = tmp_path / "rules.yml"
+    rules.write_text("""groups:
+  - name: t
+    interval: 1s
+    rules:
+      - record: alert:runwatch_threshold:ratio
+        labels: {alertname: Gap}
+        expr: vector(2)
+      - record: alert:runwatch_threshold:ratio
+        labels: {alertname: Drop}
+        expr: vector(0.8)
+      - alert: Gap
+        expr: >-
+          label_replace(vector(1.62), "run_id", "r", "", "")
+          > scalar(alert:runwatch_threshold:ratio{alertname="Gap"})
+      - alert: Drop
+        expr: >-
+          label_replace(vector(0.9), "run_id", "r", "", "")
+          < scalar(alert:runwatch_threshold:ratio{alertname="Drop"})
+      - alert: Down
+        expr: label_replace(vector(0), "run_id", "r", "", "") == 0
+""")
+    (tmp_path / "prometheus.yml").write_text(f"rule_files: ['{rules}']\n")
+    port = free_port()
+    argv = prometheus_argv(need("prometheus"), tmp_path / "prometheus.yml", tmp_path / "data", port)
+    with Process(argv, f"http://127.0.0.1:{port}/-/ready", tmp_path / "prometheus.log"):
+        server = make_server("127.0.0.1", 0, tmp_path / "pages.jsonl", registry=CollectorRegistry(),
+                             prometheus=f"http://127.0.0.1:{port}")  # fmt: skip
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        try:
+            ends = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+            for name in ("Gap", "Drop", "Down"):
+                page = {**alert("resolved"), "fingerprint": name, "endsAt": ends}
+                page["labels"] = {"alertname": name, "run_id": "r", "severity": "page"}
+                for status in ("firing", "resolved"):
+                    body = json.dumps(payload({**page, "status": status})).encode()
+                    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+                    conn.request("POST", "/webhook", body=body, headers={"Content-Type": "application/json"})
+                    assert conn.getresponse().status == 200
+                    conn.close()
+        finally:
+            server.shutdown()
+            server.server_close()
+    found = {(p["alert"], p["status"]): p for p in read_pages(tmp_path / "pages.jsonl")}
+    assert found[("Gap", "resolved")]["value_at_resolution"] == 1.62
+    assert found[("Drop", "resolved")]["value_at_resolution"] == 0.9
+    assert found[("Down", "resolved")].get("value_at_resolution") is None  # no threshold rule: cannot say
+    assert "value_at_resolution" not in found[("Gap", "firing")]
+    assert "  measured 1.62 at resolution  runbook: " in format_page(found[("Gap", "resolved")])
