@@ -11,7 +11,7 @@ from runwatch.core.addresses import DEFAULT_PORTS, lab_url, lab_urls, parse_port
 from runwatch.core.command import UsageError
 from runwatch.core.names import PORTS, url
 from runwatch.lab.render import loopback
-from runwatch.lab.up import choose_ports
+from runwatch.lab.start import choose_ports
 
 
 def test_free_moves_every_component_and_names_move_only_themselves():
