@@ -77,7 +77,7 @@ def test_a_failing_unit_test_comes_first_as_its_file_alert_time_and_exact_differ
     """The learner is told which case to change: the first line under the FAIL names the test
     file, the alert, the time and what differs, and no SUCCESS line comes before it. The labels
     of `got`, though repeated from `exp`, are all shown in promtool's output below."""
-    keep_unit_tests(copy, cluster=(), baselines=(), meta=())  # the others would pass, as these two do
+    keep_unit_tests(copy, cluster=(), baselines=(), meta=())  # the others would pass, as baselines and meta do
     tests = copy / "prometheus" / "tests" / "cluster.test.yml"
     edit(tests, 'step: "140"', 'step: "141"', 1)
     res = check(copy)
