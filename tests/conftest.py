@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -189,14 +190,16 @@ def as_the_lab_s_alertmanager(state: Path) -> dict[str, str]:
     return {"Authorization": f"Bearer {(Path(state) / 'pager.token').read_text().strip()}"}
 
 
-def wait_for(predicate, timeout: float, what: str):
+def wait_for(predicate, timeout: float, what: str | Callable[[], str]):
+    """predicate's first truthy value within `timeout` s; `what` (or what it says, asked at the
+    failure: the last thing seen) names the wait in the failure."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+    pytest.fail(f"timed out after {timeout}s waiting for {what() if callable(what) else what}")
 
 
 def metric(base: str, name: str, auth: tuple[str, str] | None = None, **labels: str) -> float:

@@ -22,7 +22,7 @@ import yaml
 
 from runwatch.backtest.signatures import PLATE_READOUTS, SIGNATURES
 from runwatch.core.durations import duration_seconds
-from runwatch.core.names import FIRST_FIRED, WATCH_GRACE_S
+from runwatch.core.names import FIRST_FIRED, SCRAPE_INTERVAL_S, WATCH_GRACE_S
 from runwatch.lab.argv import Component
 from runwatch.lab.supervise import Lab
 from runwatch.prom.server import instant, query_range
@@ -32,6 +32,7 @@ from tests.test_lab_e2e import ExtraTrainer, group_interval_s, pages
 
 pytestmark = pytest.mark.e2e
 
+DISCOVERY_S = 5  # Prometheus's discovery manager hands on target changes at most this often
 PAUSE_S = 30  # the issue's 30-40 s: long enough to empty every baseline's window but the longest
 NEAR_ONSET = 275  # fast-forward: 25 scraped steps before the plate's onset
 
@@ -161,14 +162,27 @@ def test_a_trainer_prometheus_cannot_reach_pauses_and_the_console_says_so(lab):
     console = f"{lab.url('console')}/api/plate"
     try:
         lab.remove_target(f"trainer-{extra.name}")
+        # Prometheus drops it first: its discovery hands targets on at most every 5 s, and the
+        # stopped scrape loop marks the series stale within two scrape intervals. Before that,
+        # a scrape late on a loaded host can pause the trainer for a moment, and it resumes.
+        up = f'up{{instance="127.0.0.1:{extra.port}"}}'
+        wait_for(lambda: not instant(lab.url("prometheus"), up), DISCOVERY_S + 3 * SCRAPE_INTERVAL_S, "the drop")
         wait_for(lambda: json.loads(record.read_text()).get("paused_since"), WATCH_GRACE_S + 10, "the pause")
         held_at = json.loads(record.read_text())["last_step"]
+        answers: list[dict] = []
 
         def paused() -> dict | None:
-            plate = requests.get(console, params={"run": extra.run_id}, timeout=5).json()
-            return plate if plate.get("paused_for") else None
+            answers.append(requests.get(console, params={"run": extra.run_id}, timeout=5).json())
+            return answers[-1] if answers[-1].get("paused_for") else None
 
-        plate = wait_for(paused, 10, "the console to say paused")
+        # the trainer holds only once Prometheus has not scraped it for WATCH_GRACE_S, so the
+        # console's next answer says paused; the time is the answer's on a loaded host
+        def said() -> str:
+            last = answers[-1] if answers else {}
+            keys = ("paused_for", "unseen", "stopped", "error")
+            return f"the console to say paused (it last said {dict((k, last.get(k)) for k in keys)})"
+
+        plate = wait_for(paused, 10, said)
         assert plate["paused_for"] > WATCH_GRACE_S and plate["ended"] is None
         assert json.loads(record.read_text())["last_step"] == held_at
         lab.write_target(f"trainer-{extra.name}", [f"127.0.0.1:{extra.port}"])
