@@ -22,7 +22,8 @@ from tests.conftest import need, wait_for
 
 SCRAPE_S, EVAL_S, STEP_S = 5.0, 1.0, 1.0  # the fleet's scrape, cluster.yml's group interval, a lab second
 MEDIAN_WINDOW_S, MEDIAN_HISTORY_S = 30.0, 10.0  # rank:...:median30s: its window, the history it asks of a rank
-STRAGGLER_FOR_S, RANKDOWN_FOR_S = 5.0, 10.0  # cluster.yml's for:
+STRAGGLER_FOR_S, RANKDOWN_FOR_S, THROTTLE_FOR_S = 5.0, 10.0, 10.0  # cluster.yml's for:
+STALL_S, UP_WINDOW_S = 10.0, 15.0  # TrainingStalled: the newest step's age, and the window every target was up in
 TEN_MINUTE_GROUP_S = 30.0  # runwatch-cluster-10m's interval
 
 
@@ -65,41 +66,76 @@ def test_bad_fleet_flags_are_one_line_errors(tmp_path, args, flag):
     assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr, res.stderr
 
 
-def firing(lab: FleetLab, name: str) -> list[tuple[str, str]]:
-    return sorted((a["rank"], a["node"]) for a in lab.firing() if a["alertname"] == name)
+def named(lab: FleetLab, alert: str, *labels: str) -> list[tuple[str, ...]]:
+    """What each firing `alert` names, by `labels`."""
+    return sorted(tuple(a[k] for k in labels) for a in lab.firing() if a["alertname"] == alert)
 
 
-@pytest.mark.slow  # a fleet and two or three Prometheus servers for about a minute
+def on_node(node: str, slot: int) -> int:
+    """The rank in `slot` of `node` (its GPU's index there)."""
+    return int(node.removeprefix("node")) * 8 + slot
+
+
+@pytest.mark.slow  # a fleet and two or three Prometheus servers for about two minutes
 @pytest.mark.integration
 @pytest.mark.parametrize("topology", ["single", "sharded"])
-def test_a_straggler_and_a_rank_gone_page_naming_their_ranks_at_a_5s_scrape(tmp_path, topology):
-    """256 ranks as 32 node targets, scraped every 5 s. A straggler (1/0.7 of the step) and a
-    rank whose process ended, both on nodes the second agent scrapes in the sharded topology:
-    StragglerRank and RankDown fire where the rules are evaluated, each naming its rank and node,
-    and no other rank."""
+def test_every_fleet_fault_pages_naming_its_rank_gpu_node_or_run_at_a_5s_scrape(tmp_path, topology):
+    """256 ranks as 32 node targets, scraped every 5 s, each fault on a node the second agent
+    scrapes in the sharded topology. A straggler (1/0.7 of the step), a GPU throttled (so its
+    rank straggles too), an XID error, a rank whose process ended and a node gone: StragglerRank,
+    GPUThermalThrottle, GPUXidError and RankDown fire where the rules are evaluated, each naming
+    its rank and node (a GPU by host and index), and nothing else fires. Then, healed, the job
+    hangs and restarts: TrainingStalled and JobRestarted name the run."""
     with FleetLab(tmp_path, need("prometheus"), ranks=256, scrape_s=SCRAPE_S, eval_s=EVAL_S, topology=topology,
                   shards=2) as lab:  # fmt: skip
         # Prometheus's discovery manager hands targets on at most every 5 s
-        nodes = ["node3", "node5"] if topology == "single" else wait_for(lambda: lab.nodes_of_shard(1), 2 * 5.0,
-                                                                         "the second agent's targets")  # fmt: skip
-        slow, gone = int(nodes[0].removeprefix("node")) * 8 + 3, int(nodes[1].removeprefix("node")) * 8 + 6
+        nodes = [f"node{i}" for i in (3, 5, 7, 9, 11)] if topology == "single" else wait_for(
+            lambda: lab.nodes_of_shard(1), 2 * 5.0, "the second agent's targets")  # fmt: skip
+        slow, hot, xid, gone = on_node(nodes[0], 3), on_node(nodes[1], 5), on_node(nodes[2], 2), on_node(nodes[3], 6)
+        dark = int(nodes[4].removeprefix("node"))
         # every rank has its median: the rules have seen its history (a sample 10 s old at least)
         wait_for(lambda: count(lab, "rank:runwatch_rank_last_compute_seconds:median30s") == 256,
                  MEDIAN_HISTORY_S + 3 * SCRAPE_S + 30, "every rank's median")  # fmt: skip
-        # and RankDown knows every rank: runwatch-cluster-10m has recorded it once
-        wait_for(lambda: count(lab, "rank:runwatch_rank_step:present10m") == 256, TEN_MINUTE_GROUP_S + SCRAPE_S,
-                 "the ranks of the last 10 minutes")  # fmt: skip
+        # and RankDown knows every rank, GPUThermalThrottle every GPU's clock: runwatch-cluster-10m
+        # has recorded them once
+        for recorded in ("rank:runwatch_rank_step:present10m", "gpu:dcgm_fi_dev_sm_clock:max10m"):
+            wait_for(lambda r=recorded: count(lab, r) == 256, TEN_MINUTE_GROUP_S + SCRAPE_S, recorded)
         lab.fault("straggler", rank=slow, slowdown=1 / 0.7)
+        lab.fault("throttle", rank=hot)
+        lab.fault("xid", rank=xid)
         lab.fault("rank_down", rank=gone)
+        lab.fault("node_down", rank=dark * 8)
         # the first slow or missing sample within a step and a scrape (and, sharded, a batch of
         # the agent's remote write); the median turns once more than half its window is slow
         seen = STEP_S + SCRAPE_S + BATCH_SEND_DEADLINE_S
         straggler = seen + MEDIAN_WINDOW_S / 2 + SCRAPE_S + STRAGGLER_FOR_S + 2 * EVAL_S
-        bound = max(straggler, seen + RANKDOWN_FOR_S + 2 * EVAL_S)
-        wait_for(lambda: firing(lab, "StragglerRank") and firing(lab, "RankDown"), bound, "both alerts")
-        assert firing(lab, "StragglerRank") == [(str(slow), f"node{slow // 8}")]
-        assert firing(lab, "RankDown") == [(str(gone), f"node{gone // 8}")]
-        assert {a["alertname"] for a in lab.firing()} <= {"StragglerRank", "RankDown"}, lab.firing()
+        bound = max(straggler, seen + max(RANKDOWN_FOR_S, THROTTLE_FOR_S) + 2 * EVAL_S)
+        expected = {
+            "StragglerRank": sorted([(str(slow), nodes[0]), (str(hot), nodes[1])]),
+            "RankDown": sorted([(str(gone), nodes[3]), *((str(r), nodes[4]) for r in range(dark * 8, dark * 8 + 8))]),
+            "GPUThermalThrottle": [(nodes[1], "5")],
+            "GPUXidError": [(nodes[2], "2")],
+        }  # by rank and node, a GPU by its host and index
+
+        def picture() -> dict[str, list[tuple[str, ...]]]:
+            firing = lab.firing()
+            return {name: sorted(tuple(a.get(k, "") for k in (("Hostname", "gpu") if "gpu" in a else ("rank", "node")))
+                                 for a in firing if a["alertname"] == name)
+                    for name in {a["alertname"] for a in firing}}  # fmt: skip
+
+        seen_last: list[dict] = []
+        wait_for(lambda: seen_last.append(picture()) or seen_last[-1] == expected, bound,
+                 lambda: f"{expected} (last fired: {seen_last[-1] if seen_last else None})")  # fmt: skip
+
+        # healed, every node is scraped again within a scrape; TrainingStalled asks that every
+        # target was up for its last 15 s, and that the newest step be 10 s old (the rank's
+        # own time of it, whenever scraped)
+        lab.fault("heal")
+        lab.fault("hang")
+        lab.fault("restart")
+        stalled = max(SCRAPE_S + BATCH_SEND_DEADLINE_S + UP_WINDOW_S, STALL_S) + 2 * EVAL_S
+        wait_for(lambda: named(lab, "TrainingStalled", "run_id") == [("fleet",)], stalled, "TrainingStalled")
+        assert named(lab, "JobRestarted", "run_id") == [("fleet",)]  # its counter's rise, seen sooner
 
 
 def count(lab: FleetLab, expr: str) -> int:
