@@ -89,7 +89,8 @@ def commit() -> str:
 
 
 def record(key: str, measure: str, command: list[str], keep: str | None = None) -> int:
-    before, start = os.getloadavg()[0], time.monotonic()
+    # the code that ran is the tree's as the command starts (edits made while it runs are not in it)
+    before, start, ran = os.getloadavg()[0], time.monotonic(), commit()
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     assert proc.stdout is not None
@@ -102,19 +103,19 @@ def record(key: str, measure: str, command: list[str], keep: str | None = None) 
         return proc.returncode
     with open(DATA.with_name(".figures.lock"), "w") as lock:  # two tiers recorded side by side (.ci/run)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        _keep(key, measure, command, lines, before, start)
+        _keep(key, measure, command, lines, before, start, ran)
     print(f"figures.py: recorded {key} in {DATA} and {PAGE}", file=sys.stderr)
     return 0
 
 
-def _keep(key: str, measure: str, command: list[str], lines: list[str], before: float, start: float) -> None:
+def _keep(key: str, measure: str, command: list[str], lines: list[str], before: float, start: float, ran: str) -> None:
     records = load()
     shown = ["python" if Path(command[0]).name.startswith("python") else command[0], *command[1:]]
     records[key] = {
         "measure": measure,
         "command": " ".join(shown),
         "output": "".join(lines[-KEEP_LINES:]),
-        "commit": commit(),
+        "commit": ran,
         "date": dt.date.today().isoformat(),
         "seconds": round(time.monotonic() - start, 1),
         "load_before": round(before, 1),

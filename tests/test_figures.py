@@ -57,3 +57,16 @@ def test_record_keeps_a_benchmarks_summary_and_a_failed_one_records_nothing(tmp_
     (kept,) = figures.load().values()
     assert kept["output"] == "figure: 1.5 s\nerr\n" and kept["command"].startswith("python -c ")
     assert (tmp_path / "figures.md").read_text() == figures.render(figures.load())
+
+
+@pytest.mark.integration
+def test_a_record_names_the_commit_its_command_started_at(tmp_path, monkeypatch):
+    """A benchmark of an hour runs the code it started with: an edit or a commit made while it
+    runs is not what it measured."""
+    monkeypatch.setattr(figures, "DATA", tmp_path / "figures.json")
+    monkeypatch.setattr(figures, "PAGE", tmp_path / "figures.md")
+    edited = tmp_path / "edited"  # the command edits the tree as it runs
+    monkeypatch.setattr(figures, "commit", lambda: "def5678+edits" if edited.exists() else "abc1234")
+    command = [sys.executable, "-c", f"import pathlib; pathlib.Path({str(edited)!r}).touch(); print('figure')"]
+    assert figures.record("k", "m", command) == 0
+    assert figures.load()["k"]["commit"] == "abc1234"
