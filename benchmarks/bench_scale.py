@@ -48,6 +48,7 @@ FAULTS = {
     "straggler": ("StragglerRank", ("rank", "node"), 5),
     "throttle": ("GPUThermalThrottle", ("Hostname", "gpu"), 10),
     "rank_down": ("RankDown", ("rank", "node"), 10),
+    "node_down": ("RankDown", ("node",), 10),  # its eight ranks at once: the first page naming the node
     "xid": ("GPUXidError", ("Hostname", "gpu"), 0),
     "hang": ("TrainingStalled", ("run_id",), 0),
     "restart": ("JobRestarted", ("run_id",), 0),
@@ -202,7 +203,7 @@ def faults(lab: FleetLab, log: Path, args: argparse.Namespace, rng: random.Rando
                 continue
             out[kind].append(at - onset)
             print(f"  {kind:9} rank {rank:5}: {alert} paged after {at - onset:5.1f} s", flush=True)
-            if kind in ("hang", "rank_down"):  # the run steps again before the next one
+            if kind in ("hang", "rank_down", "node_down"):  # the run steps again before the next one
                 lab.fault("heal")
                 if kind == "hang":
                     wait_until(lambda a=alert: not [f for f in lab.firing() if f["alertname"] == a], timeout,
