@@ -190,6 +190,10 @@ def as_the_lab_s_alertmanager(state: Path) -> dict[str, str]:
     return {"Authorization": f"Bearer {(Path(state) / 'pager.token').read_text().strip()}"}
 
 
+# Prometheus's discovery manager hands target changes on at most this often (its updatert)
+DISCOVERY_S = 5.0
+
+
 def wait_for(predicate, timeout: float, what: str | Callable[[], str]):
     """predicate's first truthy value within `timeout` s; `what` (or what it says, asked at the
     failure: the last thing seen) names the wait in the failure."""

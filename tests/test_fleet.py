@@ -18,7 +18,7 @@ from runwatch.cluster.fleet import Fleet, FleetConfig, FleetServer
 from runwatch.cluster.fleet_lab import BATCH_SEND_DEADLINE_S, FleetLab
 from runwatch.prom.checks import POLL_S, evaluation_problems
 from runwatch.prom.server import Process, free_port, prometheus_argv
-from tests.conftest import need, wait_for
+from tests.conftest import DISCOVERY_S, need, wait_for
 
 SCRAPE_S, EVAL_S, STEP_S = 5.0, 1.0, 1.0  # the fleet's scrape, cluster.yml's group interval, a lab second
 MEDIAN_WINDOW_S, MEDIAN_HISTORY_S = 30.0, 10.0  # rank:...:median30s: its window, the history it asks of a rank
@@ -66,9 +66,17 @@ def test_bad_fleet_flags_are_one_line_errors(tmp_path, args, flag):
     assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr, res.stderr
 
 
-def named(lab: FleetLab, alert: str, *labels: str) -> list[tuple[str, ...]]:
-    """What each firing `alert` names, by `labels`."""
-    return sorted(tuple(a[k] for k in labels) for a in lab.firing() if a["alertname"] == alert)
+# the labels each alert names its fault by: a rank by rank and node, a GPU by host and index
+NAMED_BY = {"GPUThermalThrottle": ("Hostname", "gpu"), "GPUXidError": ("Hostname", "gpu"),
+            "TrainingStalled": ("run_id",), "JobRestarted": ("run_id",)}  # fmt: skip
+
+
+def named(lab: FleetLab) -> dict[str, list[tuple[str, ...]]]:
+    """Each alert firing where the rules are evaluated, and what each of its alerts names."""
+    firing = lab.firing()
+    return {name: sorted(tuple(a.get(k, "") for k in NAMED_BY.get(name, ("rank", "node")))
+                         for a in firing if a["alertname"] == name)
+            for name in {a["alertname"] for a in firing}}  # fmt: skip
 
 
 def on_node(node: str, slot: int) -> int:
@@ -88,9 +96,8 @@ def test_every_fleet_fault_pages_naming_its_rank_gpu_node_or_run_at_a_5s_scrape(
     hangs and restarts: TrainingStalled and JobRestarted name the run."""
     with FleetLab(tmp_path, need("prometheus"), ranks=256, scrape_s=SCRAPE_S, eval_s=EVAL_S, topology=topology,
                   shards=2) as lab:  # fmt: skip
-        # Prometheus's discovery manager hands targets on at most every 5 s
         nodes = [f"node{i}" for i in (3, 5, 7, 9, 11)] if topology == "single" else wait_for(
-            lambda: lab.nodes_of_shard(1), 2 * 5.0, "the second agent's targets")  # fmt: skip
+            lambda: lab.nodes_of_shard(1), 2 * DISCOVERY_S, "the second agent's targets")  # fmt: skip
         slow, hot, xid, gone = on_node(nodes[0], 3), on_node(nodes[1], 5), on_node(nodes[2], 2), on_node(nodes[3], 6)
         dark = int(nodes[4].removeprefix("node"))
         # every rank has its median: the rules have seen its history (a sample 10 s old at least)
@@ -115,16 +122,10 @@ def test_every_fleet_fault_pages_naming_its_rank_gpu_node_or_run_at_a_5s_scrape(
             "RankDown": sorted([(str(gone), nodes[3]), *((str(r), nodes[4]) for r in range(dark * 8, dark * 8 + 8))]),
             "GPUThermalThrottle": [(nodes[1], "5")],
             "GPUXidError": [(nodes[2], "2")],
-        }  # by rank and node, a GPU by its host and index
-
-        def picture() -> dict[str, list[tuple[str, ...]]]:
-            firing = lab.firing()
-            return {name: sorted(tuple(a.get(k, "") for k in (("Hostname", "gpu") if "gpu" in a else ("rank", "node")))
-                                 for a in firing if a["alertname"] == name)
-                    for name in {a["alertname"] for a in firing}}  # fmt: skip
+        }
 
         seen_last: list[dict] = []
-        wait_for(lambda: seen_last.append(picture()) or seen_last[-1] == expected, bound,
+        wait_for(lambda: seen_last.append(named(lab)) or seen_last[-1] == expected, bound,
                  lambda: f"{expected} (last fired: {seen_last[-1] if seen_last else None})")  # fmt: skip
 
         # healed, every node is scraped again within a scrape; TrainingStalled asks that every
@@ -134,8 +135,8 @@ def test_every_fleet_fault_pages_naming_its_rank_gpu_node_or_run_at_a_5s_scrape(
         lab.fault("hang")
         lab.fault("restart")
         stalled = max(SCRAPE_S + BATCH_SEND_DEADLINE_S + UP_WINDOW_S, STALL_S) + 2 * EVAL_S
-        wait_for(lambda: named(lab, "TrainingStalled", "run_id") == [("fleet",)], stalled, "TrainingStalled")
-        assert named(lab, "JobRestarted", "run_id") == [("fleet",)]  # its counter's rise, seen sooner
+        wait_for(lambda: named(lab).get("TrainingStalled") == [("fleet",)], stalled, "TrainingStalled")
+        assert named(lab).get("JobRestarted") == [("fleet",)]  # its counter's rise, seen sooner
 
 
 def count(lab: FleetLab, expr: str) -> int:

@@ -27,12 +27,11 @@ from runwatch.lab.argv import Component
 from runwatch.lab.supervise import Lab
 from runwatch.prom.server import instant, query_range
 from runwatch.trainer.config import TrainConfig
-from tests.conftest import holds, wait_for
+from tests.conftest import DISCOVERY_S, holds, wait_for
 from tests.test_lab_e2e import ExtraTrainer, group_interval_s, pages
 
 pytestmark = pytest.mark.e2e
 
-DISCOVERY_S = 5  # Prometheus's discovery manager hands on target changes at most this often
 PAUSE_S = 30  # the issue's 30-40 s: long enough to empty every baseline's window but the longest
 NEAR_ONSET = 275  # fast-forward: 25 scraped steps before the plate's onset
 
@@ -162,7 +161,7 @@ def test_a_trainer_prometheus_cannot_reach_pauses_and_the_console_says_so(lab):
     console = f"{lab.url('console')}/api/plate"
     try:
         lab.remove_target(f"trainer-{extra.name}")
-        # Prometheus drops it first: its discovery hands targets on at most every 5 s, and the
+        # Prometheus drops it first: its discovery hands targets on within DISCOVERY_S, and the
         # stopped scrape loop marks the series stale within two scrape intervals. Before that,
         # a scrape late on a loaded host can pause the trainer for a moment, and it resumes.
         up = f'up{{instance="127.0.0.1:{extra.port}"}}'
