@@ -10,9 +10,11 @@ import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
 import requests
 
+from runwatch.lab.processes import Processes, started
 from runwatch.lab.supervise import Lab
 from runwatch.prom.server import port_is_free
 from tests.conftest import runwatch, wait_for
@@ -131,3 +133,25 @@ def _environ(proc) -> dict:
         return proc.environ()
     except psutil.Error:
         return {}
+
+
+@pytest.mark.integration  # a real child process
+def test_a_component_is_still_ours_after_the_clock_is_stepped(monkeypatch):
+    """Linux derives a process's wall-clock start from the boot time, which moves when the clock
+    is stepped (NTP, a virtual machine resumed): every component of a lab looked gone at once,
+    `up` said its trainer exited during start and `reload` that Prometheus was not running. A
+    step of an hour, made by moving the boot time psutil reads, leaves the lab's processes its
+    own; a PID whose process started at another time is still not ours."""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        record = {"pid": child.pid, "argv": ["sleep", "60"], **started(psutil.Process(child.pid))}
+        assert Processes.alive(record)
+        stepped = psutil.boot_time() + 3600
+        monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: stepped)
+        assert psutil.Process(child.pid).create_time() == record["create_time"] + 3600  # the step, as psutil sees it
+        assert Processes.alive(record)
+        reused = {**record, "create_time": record["create_time"] + 1, "since_boot": record["since_boot"] + 1}
+        assert not Processes.alive(reused)
+    finally:
+        child.kill()
+        child.wait()

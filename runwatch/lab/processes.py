@@ -52,6 +52,17 @@ class Interrupts:
                 raise KeyboardInterrupt
 
 
+def started(proc: psutil.Process) -> dict[str, float]:
+    """When a process started, kept with its PID: a PID the kernel reuses for another process is
+    not ours. On the wall clock (`create_time`) and from boot (`since_boot`), and either matching
+    will do: Linux derives the wall-clock time from a boot time that moves whenever the clock is
+    stepped (NTP, a virtual machine resumed), which made every process of a lab look gone at
+    once; the time from boot never moves there. Where the wall-clock time is the fixed one, it
+    still matches."""
+    wall = proc.create_time()
+    return {"create_time": wall, "since_boot": round(wall - psutil.boot_time(), 2)}
+
+
 class Processes(LabDir):
     """Starts, finds and stops a lab's components."""
 
@@ -65,11 +76,9 @@ class Processes(LabDir):
                 [*comp.launch, *comp.argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, env={**os.environ, JOB_TAG: tag},
             )  # fmt: skip
-            # The start time with the PID: a PID the kernel reuses for another process is not ours.
-            started = psutil.Process(proc.pid).create_time()
             record = {
                 "pid": proc.pid,
-                "create_time": started,
+                **started(psutil.Process(proc.pid)),
                 "argv": comp.argv,
                 "launch": comp.launch,
                 "ready_url": comp.ready_url,
@@ -115,7 +124,9 @@ class Processes(LabDir):
         (PIDs are reused)."""
         try:
             proc = psutil.Process(record["pid"])
-            ours = proc.cmdline() == record["argv"] and proc.create_time() == record.get("create_time")
+            now = started(proc)
+            same_start = any(record.get(k) is not None and record.get(k) == now[k] for k in now)
+            ours = proc.cmdline() == record["argv"] and same_start
             return proc if ours and proc.status() != psutil.STATUS_ZOMBIE else None
         except (psutil.Error, KeyError, TypeError, ValueError):  # a damaged record is no process of ours
             return None
