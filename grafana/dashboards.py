@@ -43,7 +43,7 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
-from runwatch.core.names import CLUSTER_ALERTS, FIRST_FIRED, PLATE_ALERTS, THRESHOLD, url
+from runwatch.core.names import CLUSTER_ALERTS, FIRST_FIRED, PLATE_ALERTS, TARGET_ALERTS, THRESHOLD, url
 from runwatch.readouts import colours
 
 OUT = Path(__file__).with_name("dashboards")
@@ -613,7 +613,7 @@ def watching_a_run() -> db.Dashboard:
     for panel in cluster_panels():
         dash = dash.with_panel(panel)
     dash = dash.link(db.DashboardLink("runwatch machinery").url("/d/runwatch-machinery"))
-    for alert in (*ALERTS, "TrainerDown", *CLUSTER_ALERTS):
+    for alert in (*ALERTS, *TARGET_ALERTS, *CLUSTER_ALERTS):
         dash = dash.link(db.DashboardLink(f"Runbook: {alert}").url(f"{RUNBOOKS}/{alert}.md").target_blank(True))
     return dash
 

@@ -348,7 +348,8 @@ def test_each_name_and_address_has_one_home():
     from runwatch.core import names
 
     address = re.compile(r"(?:https?://)?127\.0\.0\.1:\d+")
-    homed = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
+    alerts = {a for k, v in vars(names).items() if k.endswith("_ALERTS") for a in v}  # used by name: the next test
+    homed = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)} - alerts
     assert {"alert:runwatch_threshold:ratio", "127.0.0.1", "run_alert:runwatch_train_step:first_fired"} <= homed
     found = []
     for name, path in {**modules(), "grafana.dashboards": REPO / "grafana" / "dashboards.py"}.items():
@@ -358,6 +359,38 @@ def test_each_name_and_address_has_one_home():
             if value in homed or address.match(value):
                 found.append(f"{path.relative_to(REPO)}:{line} {value!r}")
     assert not found, f"use runwatch.core.names (THRESHOLD, url(), PORTS): {found}"
+
+
+def _alert_lists(path: Path, alerts: set[str]) -> list[tuple[int, str]]:
+    """The alert names a module defines rather than uses: a name assigned to a constant, or one
+    of a tuple, list or set written out. A name as a key of a table (the plate's signatures) or
+    an argument (the dashboard panel of one alert) is a use."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
+            values = [node.value]
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+            values = node.elts
+        else:
+            continue
+        found += [(v.lineno, v.value) for v in values if isinstance(v, ast.Constant) and v.value in alerts]
+    return found
+
+
+def test_each_list_of_alerts_has_one_home():
+    """Issue 39: the backtest's report kept lists of its own (the alerts that name a rank, the
+    one leads are counted against, TrainerDown written out beside core.names' lists). A list or
+    constant of alert names anywhere but runwatch.core.names fails here."""
+    from runwatch.core import names
+
+    alerts = {a for k, v in vars(names).items() if k.endswith("_ALERTS") for a in v}
+    assert {"TrainingLossJump", "TrainerDown", "StragglerRank", "Watchdog"} <= alerts
+    found = []
+    for name, path in {**modules(), "grafana.dashboards": REPO / "grafana" / "dashboards.py"}.items():
+        if name != "runwatch.core.names":
+            found += [f"{path.relative_to(REPO)}:{line} {value!r}" for line, value in _alert_lists(path, alerts)]
+    assert not found, f"use runwatch.core.names' lists of alerts: {found}"
 
 
 # Issue 39: a module a newcomer can read through.

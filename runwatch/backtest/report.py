@@ -17,11 +17,9 @@ import statistics
 from runwatch.backtest import signatures
 from runwatch.backtest.evaluate import Result
 from runwatch.backtest.plan import ALL_INCIDENTS
-from runwatch.core.names import CLUSTER_ALERTS
+from runwatch.core.names import CLUSTER_ALERTS, LOSS_ALERT, RANK_ALERTS, TARGET_ALERTS
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.run import struck_rank
-
-RANK_ALERTS = ("StragglerRank",)  # alerts whose series name a rank
 
 
 def readout(run: dict, alert: str) -> float | None:
@@ -85,9 +83,6 @@ def summarise(result: Result) -> dict:
     return summary
 
 
-LOSS_ALERT = "TrainingLossJump"
-
-
 def named_right_rank(result: Result, runs: list[dict]) -> dict[str, int]:
     """Per alert that names a rank: in how many of a cluster incident's runs it first fired
     naming the rank the incident struck, and only that rank."""
@@ -104,7 +99,7 @@ def leads(result: Result) -> dict:
     """For alerts the plate does not name: in each incident, how many steps before
     TrainingLossJump they first fired (negative: after), over runs where both fired."""
     out: dict = {}
-    others = [a for a in result.alerts if a not in (*signatures.ALERTS, *CLUSTER_ALERTS, "TrainerDown")]
+    others = [a for a in result.alerts if a not in (*signatures.ALERTS, *CLUSTER_ALERTS, *TARGET_ALERTS)]
     for incident in (i for i in ALL_INCIDENTS if i not in signatures.FAULTS):  # a fault's readouts are not steps
         runs = [r for r in result.runs if r["incident"] == incident]
         for alert in others:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runwatch.core.names import CLUSTER_ALERTS, PLATE_ALERTS
+from runwatch.core.names import CLUSTER_ALERTS, PLATE_ALERTS, STRAGGLER_ALERTS
 from runwatch.trainer.config import CLUSTER_INCIDENTS as CLUSTER_INCIDENTS  # re-exported, as INCIDENTS
 from runwatch.trainer.config import FAULTS as FAULTS
 from runwatch.trainer.config import INCIDENTS as INCIDENTS  # re-exported: the plate's incidents are the trainer's
@@ -109,7 +109,7 @@ CLUSTER_SIGNATURES: dict[str, dict[str, Expect]] = {
 # next checkpoint, at most 49 steps (about 50 s) on. Plate alerts and the straggler's stay silent,
 # but for HeldOutGap in a hang: a stalled trainer serves one step's values on, and its window of
 # 20 s comes to read them alone (6 of 100 hangs; Alertmanager holds it back under TrainingStalled).
-_QUIET = ("StragglerRank", "GPUThermalThrottle", *PLATE_ALERTS)
+_QUIET = (*STRAGGLER_ALERTS, *PLATE_ALERTS)
 FAULT_SIGNATURES: dict[str, dict[str, Expect]] = {
     "hang": {
         "TrainingStalled": Expect(fires=(10, 15)),

@@ -11,8 +11,13 @@ from __future__ import annotations
 PLATE_ALERTS = ("TrainingLossJump", "GradientNormJump", "HeldOutGap", "ThroughputDrop")  # the plate's four
 LESSON20_ALERTS = ("LossScaleCollapse", "ActivationNormSpike")  # Lesson 20's early warnings
 TARGET_ALERTS = ("TrainerDown",)
-# one rank of several, and the job's restarts (cluster.yml)
-CLUSTER_ALERTS = ("StragglerRank", "GPUThermalThrottle", "GPUXidError", "TrainingStalled", "RankDown", "JobRestarted")
+# one rank of several, and the job's restarts (cluster.yml): first a straggler's, by its rank's
+# step time and its GPU's clock
+STRAGGLER_ALERTS = ("StragglerRank", "GPUThermalThrottle")
+CLUSTER_ALERTS = (*STRAGGLER_ALERTS, "GPUXidError", "TrainingStalled", "RankDown", "JobRestarted")
+RANK_ALERTS = STRAGGLER_ALERTS[:1]  # those whose series name the rank they judge
+# the alert every other's lead is counted against: the plate's first, TrainingLossJump
+LOSS_ALERT = PLATE_ALERTS[0]
 META_ALERTS = ("Watchdog", "PagerDown", "AlertmanagerNotificationsFailing", "RuleEvaluationFailing")
 # The rule group of the lab's own health: a backtest runs no Alertmanager or pager, so it skips it.
 META_GROUP = "runwatch-meta"
