@@ -29,6 +29,7 @@ from runwatch.core.names import LAUNCHER_PORT, LOOPBACK, PORTS, RANK_PORT_BASE, 
 from runwatch.drill.answer import answer_path, seal_answer
 from runwatch.exporter.metrics import HIDDEN, TrainerMetrics
 from runwatch.exporter.server import MetricsServer, PortInUseError, start
+from runwatch.prom.server import baselines_ready
 from runwatch.trainer.config import (
     CLUSTER_INCIDENTS,
     INCIDENTS,
@@ -314,9 +315,10 @@ def run(args: argparse.Namespace) -> int:
     if resumed is not None:
         metrics.add_tokens(resumed.next_step * cfg.batch_size * cfg.tokens_per_example)
         print(f"run {cfg.label}: resumed from {args.resume} at step {resumed.next_step}", flush=True)
+    ready = baselines_ready(args.prometheus, cfg.label) if args.prometheus else None
     status = run_live(
         cfg, metrics, RunRecord(run_dir / "run.json", cfg, public), args.fast_forward, stop,
-        trainer=resumed, checkpoints=run_dir / "checkpoints", watch=watch_of(args, cfg.label, [server]),
+        trainer=resumed, checkpoints=run_dir / "checkpoints", watch=watch_of(args, [server], ready),
         onset_moved=(lambda moved: seal_answer(answer_path(run_dir), moved)) if cfg.drill else None,
     )  # fmt: skip
     print(f"run {cfg.label}: {status}", flush=True)

@@ -247,6 +247,16 @@ def test_the_standalone_console_listens_where_the_lab_says():
     assert parser().get_default("port") == PORTS["console"]
 
 
+def test_the_watched_trainer_does_not_import_its_watchers_client():
+    """Issue 39: trainer.live asked Prometheus itself (runwatch.prom.server's baselines_ready), an
+    edge from the watched process up to its watcher. The command that starts it asks, and hands
+    the trainer a callable."""
+    g = graph()
+    trainer = [n for n in g if n.startswith("runwatch.trainer.")]
+    wrong = {n: sorted(t for t in g[n] if t.startswith("runwatch.prom")) for n in trainer}
+    assert not {n: t for n, t in wrong.items() if t}, wrong
+
+
 def test_the_exporter_takes_a_record_not_the_trainer():
     """exporter/ depends on the trainer's record type only, so it pulls in no numpy and no model
     (and on the lab's names, which import nothing: its loopback address has one home)."""

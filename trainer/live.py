@@ -41,7 +41,6 @@ from typing import Protocol
 from runwatch.core.files import write_atomic
 from runwatch.core.names import SCRAPE_INTERVAL_S, WATCH_GRACE_S
 from runwatch.exporter.metrics import TrainerMetrics
-from runwatch.prom.server import baselines_ready
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.record import StepRecord
 from runwatch.trainer.run import Trainer
@@ -95,13 +94,13 @@ class Watch:
         return max((now - t for t in seen), default=0.0)
 
 
-def watch_of(args, run_id: str, servers: Sequence[Scraped], agree=None, ask: bool = True) -> Watch | None:
+def watch_of(args, servers: Sequence[Scraped], ready: Callable[[], bool] | None, agree=None) -> Watch | None:
     """What the live clock of `runwatch train` waits for: with --wait-for-prometheus, the
-    scrapes of these exporters (the last one's set the clock); with --prometheus too (and
-    `ask`: one rank asks for the job), the alerts' baselines at the onset."""
+    scrapes of these exporters (the last one's set the clock), and `ready()`, the alerts'
+    baselines at the onset, which the command asks of Prometheus (runwatch.prom.server's
+    baselines_ready: the watched process does not import its watcher's client)."""
     if not args.wait_for_prometheus:
         return None
-    ready = baselines_ready(args.prometheus.rstrip("/"), run_id) if args.prometheus and ask else None
     return Watch(servers[-1], servers, ready, **({} if agree is None else {"agree": agree}))
 
 

@@ -36,7 +36,7 @@ from runwatch.drill.answer import answer_path, seal_answer
 from runwatch.exporter.metrics import TrainerMetrics
 from runwatch.exporter.rank_metrics import LauncherMetrics
 from runwatch.exporter.server import MetricsServer
-from runwatch.prom.server import port_is_free
+from runwatch.prom.server import baselines_ready, port_is_free
 from runwatch.trainer.config import TrainConfig
 from runwatch.trainer.live import RunRecord, run_live, utc_now, watch_of
 from runwatch.trainer.rank import POLL_SECONDS, JobFailedError, RankTrainer, rank_metrics
@@ -248,11 +248,13 @@ def run_rank(
         metrics.add_tokens(trainer.next_step * cfg.batch_size * cfg.tokens_per_example)
         if rank == 0:
             say(f"run {cfg.label}: restarted from {args.restart_from} at step {trainer.next_step}")
+    # rank 0 asks Prometheus for the job's baselines, for all (Watch.agree)
+    ready = baselines_ready(args.prometheus, cfg.label) if args.prometheus and rank == 0 else None
     try:
         status = run_live(
             cfg, metrics, record, fast_forward, stop, log=say if rank == 0 else lambda _line: None,
             trainer=trainer, checkpoints=run_dir / "checkpoints" if rank == 0 else None,
-            watch=watch_of(args, cfg.label, servers, trainer.agree, ask=rank == 0),  # rank 0 asks for all
+            watch=watch_of(args, servers, ready, trainer.agree),
             onset_moved=(lambda moved: seal_answer(args.sealed_answer, moved)) if cfg.drill and rank == 0 else None,
         )  # fmt: skip
     except JobFailedError as err:

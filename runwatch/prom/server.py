@@ -257,7 +257,7 @@ def baselines_ready(base: str, run_id: str) -> Callable[[], bool]:
     run_id (the BASELINES_READY rule, baselines.yml, says which): the live trainer's onset
     waits for it (trainer.live). A Prometheus that does not answer within a scrape interval
     is as good as one without the baselines."""
-    query = f'{BASELINES_READY}{{run_id="{run_id}"}}'
+    base, query = base.rstrip("/"), f'{BASELINES_READY}{{run_id="{run_id}"}}'
 
     def ready() -> bool:
         try:
