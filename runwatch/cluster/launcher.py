@@ -216,6 +216,14 @@ def newest_checkpoint(folder: Path, since: float) -> Path | None:
     return max(found, default=None)
 
 
+def _stop_on_signals() -> threading.Event:
+    """An event that Ctrl-C and SIGTERM set: the rank's run ends at its next step."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
 def run_rank(
     args: argparse.Namespace, cfg: TrainConfig, public: TrainConfig, run_dir: Path, serve: Callable[..., MetricsServer]
 ) -> int:
@@ -228,9 +236,7 @@ def run_rank(
         raise UsageError(f"--ranks: {cfg.ranks} asked for, but mpiexec started {comm.Get_size()}")
     # Stopping has its own communicator: a rank may stop with an exchange of the run pending.
     farewell = comm.Dup()
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()
     own = rank_metrics(cfg, rank)
     metrics = TrainerMetrics(cfg.label, cfg.seed, cfg.incident, drill=cfg.drill, precision=cfg.precision)
     own_port = 0 if args.rank_port_base == 0 else args.rank_port_base + rank
