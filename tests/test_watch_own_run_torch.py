@@ -42,8 +42,9 @@ JOBS = {  # name: (ranks, the example's flags)
     "killed": (1, ["--seconds", "600"]),
     "spikes": (1, ["--seconds", "100", "--spike-at", "40,80"]),
     # its device time (150 ms a step) well above the CPU work a loaded host stretches a step's to
-    # (the torch tier's other worker trains transformers and Lightning beside it): at 50 ms the
-    # halving of the device time was no halving of the rate, and it paged late or not at all
+    # (the torch tier's other worker trains transformers and Lightning beside it): a step lasts
+    # the longer of the two, so at 50 ms doubling the device time did not halve the rate, and in
+    # one CI run the halving did not page in time
     "throughput": (1, ["--seconds", "230", "--step-ms", "150", "--swings", "--slow-at", str(SLOW_AT)]),
     # rank 1 is late to every step by 80 ms (a slow loader) before a 20 ms device step: it makes
     # rank 0 wait in the buffer broadcast. Its score is (20 + c) / (100 + c), c each step's CPU
@@ -203,7 +204,7 @@ def test_swings_of_seconds_do_not_page_throughput_drop_and_a_lasting_halving_pag
     lab, started = jobs
     job = started["throughput"]
     onset = live(lab, job) + SLOW_AT
-    # the 30 s mean falls below 0.8 of the long mean 30 x 0.2 / (1 - 0.5) = 12 s into a halving
+    # the 30 s mean falls below 0.8 of the long baseline 30 x 0.2 / (1 - 0.5) = 12 s into a halving
     # (runbooks/ThroughputDrop.md); a swing in the window can hold it up by one swing's length
     due = onset + 30 * 0.2 / 0.5 + SWING_MAX_S + pipeline_s("ThroughputDrop")
     got = wait_for(lambda: pages(lab, job, "ThroughputDrop"), max(due - time.monotonic(), 1),
