@@ -285,6 +285,12 @@ def test_a_killed_trainer_pages_trainer_down_within_15s(stack):
 
 
 def test_restarting_each_service_in_turn_then_an_incident_pages_exactly_once(stack):
+    # From a quiet lab: the killed trainer's TrainerDown (the scenario before, which ends once
+    # the new trainer answers) resolved in Prometheus, and its resolution delivered, a group
+    # interval after the evaluation that resolved it. Once, a TrainerDown page arrived during
+    # the restarts that followed at once; that episode was the one alert still in flight.
+    wait_for(lambda: not firing("TrainerDown"), 10 * EVALUATION_S + GROUP_INTERVAL_S, "TrainerDown to resolve")
+    time.sleep(GROUP_INTERVAL_S + EVALUATION_S)
     before = stack.pages()
     for service in ("alertmanager", "pager", "prometheus"):
         stack.compose("restart", service)
