@@ -351,6 +351,13 @@ def _constants(path: Path) -> list[tuple[int, str]]:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in prose]  # fmt: skip
 
 
+def alert_names() -> set[str]:
+    """Every alert core.names lists (its *_ALERTS tuples)."""
+    from runwatch.core import names
+
+    return {a for k, v in vars(names).items() if k.endswith("_ALERTS") for a in v}
+
+
 def test_each_name_and_address_has_one_home():
     """Issue 39: the threshold rule's name was defined in three modules, and the pager's and the
     follower's addresses were written out where core.names says them. A second home of any of
@@ -358,8 +365,7 @@ def test_each_name_and_address_has_one_home():
     from runwatch.core import names
 
     address = re.compile(r"(?:https?://)?127\.0\.0\.1:\d+")
-    alerts = {a for k, v in vars(names).items() if k.endswith("_ALERTS") for a in v}  # used by name: the next test
-    homed = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)} - alerts
+    homed = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)} - alert_names()  # next test
     assert {"alert:runwatch_threshold:ratio", "127.0.0.1", "run_alert:runwatch_train_step:first_fired"} <= homed
     found = []
     for name, path in {**modules(), "grafana.dashboards": REPO / "grafana" / "dashboards.py"}.items():
@@ -392,9 +398,8 @@ def test_each_list_of_alerts_has_one_home():
     """Issue 39: the backtest's report kept lists of its own (the alerts that name a rank, the
     one leads are counted against, TrainerDown written out beside core.names' lists). A list or
     constant of alert names anywhere but runwatch.core.names fails here."""
-    from runwatch.core import names
 
-    alerts = {a for k, v in vars(names).items() if k.endswith("_ALERTS") for a in v}
+    alerts = alert_names()
     assert {"TrainingLossJump", "TrainerDown", "StragglerRank", "Watchdog"} <= alerts
     found = []
     for name, path in {**modules(), "grafana.dashboards": REPO / "grafana" / "dashboards.py"}.items():
